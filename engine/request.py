@@ -1,0 +1,72 @@
+"""A request's state inside the engine: one sequence being generated."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence. `token_ids` is everything known (prompt, then outputs);
+    `num_computed_tokens` is how much of it already sits in the KV cache. Each step
+    the scheduler closes the gap between the two: there is no separate prefill phase.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    cache_salt: str | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
+    status: Status = Status.WAITING
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: int | str | None = None
+    logprobs: list = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_preemptions: int = 0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def max_tokens(self) -> int:
+        assert self.params.max_tokens is not None, "the engine fills max_tokens at admission"
+        return self.params.max_tokens

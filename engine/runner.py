@@ -1,0 +1,120 @@
+"""Turns a scheduled batch into one forward pass over the paged KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import kernels
+from engine.kv_cache_manager import KVCacheManager
+from engine.models.llama import AttnMetadata, LlamaForCausalLM
+from engine.request import Request
+from engine.scheduler import Batch
+
+
+@dataclass
+class StepInput:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttnMetadata
+    logits_indices: torch.Tensor
+    sampling: list[Request]  # in the order of the logits rows
+
+
+def kv_block_bytes(config, block_size: int, dtype: torch.dtype) -> int:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = config.num_key_value_heads or config.num_attention_heads
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * block_size * kv_heads * head_dim * elem
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv: KVCacheManager,
+        num_blocks: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        backend: str = "auto",
+    ) -> None:
+        self.model = model
+        self.kv = kv
+        self.device = device
+        self.backend = backend
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads
+        shape = (num_blocks, kv.block_size, kv_heads, head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(cfg.num_hidden_layers)
+        ]
+
+    def prepare(self, batch: Batch) -> StepInput:
+        bs = self.kv.block_size
+        # Single-token queries go first so they can take the decode kernel.
+        order = sorted(range(len(batch)), key=lambda i: batch.num_new[i] != 1)
+        reqs = [batch.requests[i] for i in order]
+        num_new = np.array([batch.num_new[i] for i in order], dtype=np.int64)
+        computed = np.array([r.num_computed_tokens for r in reqs], dtype=np.int64)
+        seq_lens = computed + num_new
+        num_decodes = int((num_new == 1).sum())
+
+        ids: list[int] = []
+        for r, c, n in zip(reqs, computed.tolist(), num_new.tolist()):
+            ids.extend(r.token_ids[c : c + n])
+        starts = np.concatenate(([0], np.cumsum(num_new)))
+        total = int(starts[-1])
+        req_of_token = np.repeat(np.arange(len(reqs)), num_new)
+        positions = np.arange(total) - starts[req_of_token] + computed[req_of_token]
+
+        tables = [self.kv.block_ids(r.request_id) for r in reqs]
+        width = max(len(t) for t in tables)
+        table_np = np.zeros((len(reqs), width), dtype=np.int64)
+        for i, t in enumerate(tables):
+            table_np[i, : len(t)] = t
+        slots = table_np[req_of_token, positions // bs] * bs + positions % bs
+
+        sampling_rows = [i for i, r in enumerate(reqs) if seq_lens[i] == r.num_tokens]
+        logits_idx = starts[1:][sampling_rows] - 1
+
+        dev = self.device
+        block_tables = torch.from_numpy(table_np.astype(np.int32)).to(dev)
+        seq_lens_t = torch.from_numpy(seq_lens.astype(np.int32)).to(dev)
+        nd = num_decodes
+        prefill_qsl = torch.from_numpy((starts[nd:] - starts[nd]).astype(np.int32)).to(dev)
+        meta = AttnMetadata(
+            slot_mapping=torch.from_numpy(slots).to(dev),
+            num_decode_tokens=nd,
+            decode_block_tables=block_tables[:nd],
+            decode_seq_lens=seq_lens_t[:nd],
+            prefill_block_tables=block_tables[nd:],
+            prefill_query_start_loc=prefill_qsl,
+            prefill_seq_lens=seq_lens_t[nd:],
+            backend=self.backend,
+        )
+        return StepInput(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=torch.from_numpy(positions).to(dev),
+            meta=meta,
+            logits_indices=torch.from_numpy(logits_idx).to(dev),
+            sampling=[reqs[i] for i in sampling_rows],
+        )
+
+    @torch.inference_mode()
+    def execute(self, batch: Batch) -> tuple[torch.Tensor, list[Request]]:
+        """Run the step; returns fp32 logits for the requests that sample, and those requests."""
+        if batch.copies:
+            self._copy_blocks(batch.copies)
+        step = self.prepare(batch)
+        logits = self.model(step.input_ids, step.positions, self.kv_caches, step.meta, step.logits_indices)
+        return logits, step.sampling
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        src = torch.tensor([s for s, _ in copies], device=self.device)
+        dst = torch.tensor([d for _, d in copies], device=self.device)
+        for k, v in self.kv_caches:
+            kernels.copy_blocks(k, v, src, dst)

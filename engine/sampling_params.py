@@ -1,0 +1,72 @@
+"""Per-request sampling and stopping parameters, checked on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """What to generate and when to stop, with OpenAI's meanings.
+
+    temperature 0 means greedy. top_k 0 (or -1) and top_p 1 disable those filters.
+    Penalties follow the usual conventions: repetition_penalty divides positive and
+    multiplies negative logits of every token already seen (prompt and output, as in
+    transformers); presence and frequency penalties subtract from logits of tokens
+    already generated (as OpenAI documents). logprobs=k returns the sampled token's
+    log-probability and the k most likely alternatives at every step, computed from
+    the raw model distribution.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        _check(self, "n", self.n >= 1, "must be at least 1")
+        _check(self, "temperature", self.temperature >= 0, "must be non-negative")
+        _check(self, "top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
+        _check(self, "top_k", self.top_k >= 0, "must be -1, 0 (disabled) or positive")
+        _check(self, "min_p", 0 <= self.min_p <= 1, "must be in [0, 1]")
+        _check(self, "repetition_penalty", self.repetition_penalty > 0, "must be positive")
+        _check(self, "presence_penalty", -2 <= self.presence_penalty <= 2, "must be in [-2, 2]")
+        _check(self, "frequency_penalty", -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]")
+        _check(self, "max_tokens", self.max_tokens is None or self.max_tokens >= 1, "must be at least 1")
+        _check(self, "min_tokens", self.min_tokens >= 0, "must be non-negative")
+        _check(
+            self,
+            "min_tokens",
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            "must not exceed max_tokens",
+        )
+        _check(self, "logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]")
+        _check(self, "stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings")
+        _check(self, "stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "must be non-negative")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _check(params: SamplingParams, name: str, ok: bool, why: str) -> None:
+    if not ok:
+        raise ValueError(f"SamplingParams.{name} {why}, got {getattr(params, name)!r}")

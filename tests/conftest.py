@@ -1,0 +1,111 @@
+"""Shared fixtures: the embedded model, the transformers oracle, and tiny random models."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+SENTENCES = [
+    "The old lighthouse keeper climbed the stairs every evening to light the lamp.",
+    "Photosynthesis converts light energy into chemical energy stored in glucose.",
+    "In 1969, astronauts walked on the Moon for the first time.",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "The recipe calls for two cups of flour, one egg, and a pinch of salt.",
+    "Quantum computers use qubits, which can exist in superpositions of states.",
+    "She opened the letter slowly, afraid of what it might say.",
+    "The stock market fell sharply after the central bank raised interest rates.",
+    "Mount Everest is the highest mountain above sea level, at 8,849 metres.",
+    "To install the package, run pip install followed by its name.",
+    "The committee will meet on Tuesday to discuss the new budget proposal.",
+    "Dolphins are highly intelligent marine mammals known for their playful behaviour.",
+    "Once upon a time, in a kingdom far away, there lived a curious young princess.",
+    "The French Revolution began in 1789 and transformed European politics.",
+    "Water boils at 100 degrees Celsius at sea level.",
+    "Please summarize the following article in three sentences.",
+    "The train to Berlin departs from platform nine at half past seven.",
+    "Machine learning models learn patterns from large amounts of data.",
+    "He played the violin every morning before breakfast.",
+    "The Amazon rainforest produces a significant share of the world's oxygen.",
+    "SELECT name, age FROM users WHERE age > 30 ORDER BY name;",
+    "Jupiter is the largest planet in our solar system.",
+    "The museum's new exhibit features paintings from the Renaissance.",
+    "Regular exercise improves both physical and mental health.",
+    "Translate the following sentence into Spanish: the cat is on the table.",
+    "The bridge was closed for repairs after the storm damaged its supports.",
+    "Shakespeare wrote Hamlet around the year 1600.",
+    "A balanced diet includes fruits, vegetables, proteins and whole grains.",
+    "The detective examined the footprints near the window.",
+    "Electric cars are becoming more popular as battery prices fall.",
+    "What are the main differences between TCP and UDP?",
+    "The orchestra tuned their instruments before the concert began.",
+]
+
+
+def make_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
+    """count varied prompts of exactly `length` tokens, built from rotating sentences."""
+    prompts = []
+    for i in range(count):
+        text = " ".join(SENTENCES[(i + j) % len(SENTENCES)] for j in range(8))
+        ids = tokenizer.encode(text, add_special_tokens=False)[:length]
+        assert len(ids) == length
+        prompts.append(ids)
+    return prompts
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The embedded GGUF, dequantized once into an HF directory (shared by engine and oracle)."""
+    from engine.models import loader
+
+    return loader.resolve(None).path
+
+
+@pytest.fixture(scope="session")
+def hf_default(default_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(default_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_dir)
+
+
+def build_tiny_model(path: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
+    """A random tiny Llama in HF format, made offline from a config."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+    )
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+    model.save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        src = tokenizer_dir / name
+        if src.is_file():
+            shutil.copy(src, path / name)
+    json.loads((path / "config.json").read_text())  # written and readable
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory, default_model_dir):
+    made: dict[str, Path] = {}
+
+    def make(name: str, **overrides) -> Path:
+        if name not in made:
+            made[name] = build_tiny_model(tmp_path_factory.mktemp(name), default_model_dir, **overrides)
+        return made[name]
+
+    return make
