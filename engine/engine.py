@@ -246,6 +246,8 @@ class LLMEngine:
         if seq.finish_reason is not None:
             if not detok.stopped:
                 detok.flush()
+                if detok.stopped:  # held-back text completed a stop string
+                    seq.finish_reason, seq.stop_reason = "stop", detok.stop_reason
             self._finish_seq(seq)
 
     def _finish_seq(self, seq: Request) -> None:

@@ -24,7 +24,11 @@ Why the design is what it is:
   (q_len < seq_len) cost only what they read.
 * Softmax is online, in fp32, base 2 with log2(e) folded into the scale. The running max
   starts at a finite -1e30 so fully masked rows and empty partitions give zeros, not NaN.
-  Cache offsets are int64: a large cache has more than 2**31 elements.
+  Cache offsets are int64: a large cache has more than 2**31 elements. fp32 caches use
+  "ieee" dots (no silent TF32). P is rounded to the cache dtype before P @ V, as is usual.
+* Under TRITON_INTERPRET (CPU tensors) bf16 dots are done in fp32 (UPCAST): the
+  interpreter's bf16 tl.dot multiplies raw bit patterns. It also rounds fp32 -> bf16
+  toward zero where the GPU rounds to nearest even.
 """
 
 from __future__ import annotations
@@ -212,11 +216,12 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         raise ValueError("the cache's head_dim must be contiguous")
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"  # "tf32" is ignored for 16-bit inputs
+def _dot_precision(dtype: torch.dtype) -> str | None:
+    return "ieee" if dtype == torch.float32 else None  # fp32 caches: no silent TF32 rounding
 
 
 def _upcast(cache: torch.Tensor) -> bool:
+    """True where the kernel will run under the interpreter with a bf16 cache."""
     return cache.dtype == torch.bfloat16 and not cache.is_cuda
 
 
@@ -230,7 +235,10 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int,
     """Split-K only when the (seq, kv head) grid leaves SMs idle and contexts are long."""
     if max_context < 2 * _MIN_PARTITION:
         return 1
-    sms = _sm_count(device.index or 0) if device.type == "cuda" else 8
+    if device.type == "cuda":
+        sms = _sm_count(torch.cuda.current_device() if device.index is None else device.index)
+    else:
+        sms = 8  # nominal: the interpreter has no SMs; keeps the heuristic testable
     programs = num_seqs * num_kv_heads
     target = 2 * sms  # about two waves of programs keep every SM busy
     if programs >= target:
@@ -260,13 +268,18 @@ def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            out: torch.Tensor | None = None, num_splits: int | None = None,
                            block_n: int = 64) -> torch.Tensor:
-    """``num_splits`` forces the path: 1 is single pass, > 1 split-K; None lets the heuristic pick."""
+    """``num_splits`` forces the path (1: single pass, > 1: split-K); None lets the heuristic pick.
+
+    ``out``, if given, receives the result (tests pass a NaN-filled one to catch unwritten rows).
+    """
     _check_cache(k_cache, v_cache)
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
     if out is None:
         out = torch.empty_like(query)
+    if out.shape != query.shape or out.stride(-1) != 1:
+        raise ValueError("out must have the query's shape and a contiguous head_dim")
     if num_seqs == 0:
         return out
     if query.stride(-1) != 1:
@@ -293,7 +306,8 @@ def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         HEAD_DIM=head_dim, GROUP=group, NUM_HEADS=num_heads,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
-        BLOCK_SIZE=block_size, SPLIT=split, DOT_PREC=_dot_precision(k_cache.dtype), UPCAST=_upcast(k_cache), num_warps=4)
+        BLOCK_SIZE=block_size, SPLIT=split, DOT_PREC=_dot_precision(k_cache.dtype),
+        UPCAST=_upcast(k_cache), num_warps=4)
     if split:
         _decode_reduce_kernel[(num_seqs, num_heads)](
             m_part, l_part, o_part, out, num_splits, out.stride(0), out.stride(1),
@@ -314,6 +328,8 @@ def paged_attention_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     num_seqs = seq_lens.shape[0]
     if out is None:
         out = torch.empty_like(query)
+    if out.shape != query.shape or out.stride(-1) != 1:
+        raise ValueError("out must have the query's shape and a contiguous head_dim")
     if total_tokens == 0 or num_seqs == 0:
         return out
     if query.stride(-1) != 1:

@@ -89,7 +89,8 @@ class Paged:
         return self
 
 
-def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    scale: float) -> torch.Tensor:
     """float64 causal attention of the last q.shape[0] positions; q [Q,H,D], k/v [L,Hkv,D]."""
     q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
     n_q, n = q.shape[0], k.shape[0]
@@ -115,14 +116,16 @@ def nan_like(t: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------- store_kv
 
 
-@pytest.mark.parametrize("cache_dtype,src_dtype", [(F32, F32), (BF16, BF16), (F16, F16), (BF16, F32)])
+@pytest.mark.parametrize("cache_dtype,src_dtype",
+                         [(F32, F32), (BF16, BF16), (F16, F16), (BF16, F32)])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_store_kv(backend: str, cache_dtype: torch.dtype, src_dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(1)
     num_blocks, block_size, num_kv_heads, head_dim, n = 7, 16, 3, 64, 50
-    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(cache_dtype)
-    v_cache = torch.randn(k_cache.shape, generator=gen).to(cache_dtype)
-    # key and value as strided views of one fused qkv projection, as the model produces them.
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(cache_dtype)
+    v_cache = torch.randn(shape, generator=gen).to(cache_dtype)
+    # key and value as strided views of one fused qkv projection, as a model produces them.
     qkv = torch.randn(n, 3, num_kv_heads, head_dim, generator=gen).to(src_dtype)
     key, value = qkv[:, 1], qkv[:, 2]
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:n]
