@@ -1,13 +1,15 @@
 """Pure-torch paged-attention ops: the CPU path and the oracle for the Triton kernels.
 
-Written for speed on the CPU, where the embedded model runs by default: keys and
-values are gathered by block table into a dense tensor and attention is a pair of
-batched matmuls. Python loops run over sequences at most, never over tokens.
+Written for speed on the CPU, where the embedded model runs by default: each call
+copies the sequences' blocks into one dense tensor with a single indexed copy, then
+runs torch's fused attention per sequence. Python loops run over sequences, never
+over tokens.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def store_kv(
@@ -33,34 +35,33 @@ def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, src: torch.Tensor,
     v_cache[dst] = v_cache[src]
 
 
-def _gather(cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """Dense [num_seqs, num_tokens, kv_heads, head_dim] view of each sequence's first tokens."""
-    block_size = cache.shape[1]
-    num_blocks = -(-num_tokens // block_size)
-    blocks = cache[block_tables[:, :num_blocks].long()]  # [S, nb, bs, Hkv, D]
-    s = blocks.shape[0]
-    return blocks.reshape(s, num_blocks * block_size, *cache.shape[2:])[:, :num_tokens]
+def _blocks_of(cache: torch.Tensor, table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """One sequence's first seq_len tokens, dense [seq_len, kv_heads, head_dim].
 
-
-def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """q: [S, Q, H, D]; k, v: [S, L, Hkv, D]; mask: bool [S, Q, L], True where visible.
-
-    Heads are grouped as [Hkv, group] so GQA needs no copy of K or V.
+    Whole blocks move as contiguous rows, several times faster on the CPU than
+    gathering token slots; per-sequence copies stay small enough to be reused by the
+    allocator, where one copy for the whole batch would fault in fresh pages each call.
     """
-    s, nq, h, d = q.shape
-    hkv = k.shape[2]
-    g = h // hkv
-    qg = q.reshape(s, nq, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(s, hkv, g * nq, d)
-    kt = k.permute(0, 2, 3, 1)  # [S, Hkv, D, L]
-    scores = torch.matmul(qg.float(), kt.float()).mul_(scale)  # [S, Hkv, g*Q, L]
-    scores = scores.view(s, hkv, g, nq, -1)
-    scores.masked_fill_(~mask[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).view(s, hkv, g * nq, -1)
-    out = torch.matmul(probs, v.permute(0, 2, 1, 3).float())  # [S, Hkv, g*Q, D]
-    out = out.view(s, hkv, g, nq, d).permute(0, 3, 1, 2, 4).reshape(s, nq, h, d)
-    return out.to(q.dtype)
+    n = -(-seq_len // cache.shape[1])
+    return cache.index_select(0, table[:n]).flatten(0, 1)[:seq_len]
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_from: int | None):
+    """q: [Q, H, D]; k, v: [L, Hkv, D] -> [Q, H, D]. causal_from: position of q[0], None = no mask."""
+    q_len, seq_len = q.shape[0], k.shape[0]
+    mask = None
+    causal = False
+    if causal_from is not None and q_len > 1:
+        if q_len == seq_len:
+            causal = True
+        else:
+            q_pos = torch.arange(causal_from, causal_from + q_len, device=q.device)
+            mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
+    )
+    return out[0].transpose(0, 1)
 
 
 def paged_attention_decode(
@@ -71,14 +72,16 @@ def paged_attention_decode(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
+    out = torch.empty_like(query)
     if query.shape[0] == 0:
-        return query.new_empty(query.shape)
-    max_len = int(seq_lens.max())
-    k = _gather(k_cache, block_tables, max_len)
-    v = _gather(v_cache, block_tables, max_len)
-    pos = torch.arange(max_len, device=query.device)
-    mask = (pos[None, :] < seq_lens[:, None].to(pos.dtype))[:, None, :]  # [S, 1, L]
-    return _attend(query[:, None], k, v, mask, scale)[:, 0]
+        return out
+    tables = block_tables.long()
+    # One fused attention call per sequence: on the CPU this beats a padded batch,
+    # which would do and move work for the longest sequence in every row.
+    for i, n in enumerate(seq_lens.tolist()):
+        k, v = _blocks_of(k_cache, tables[i], n), _blocks_of(v_cache, tables[i], n)
+        out[i : i + 1] = _sdpa(query[i : i + 1], k, v, scale, None)
+    return out
 
 
 def paged_attention_prefill(
@@ -91,19 +94,14 @@ def paged_attention_prefill(
     scale: float,
 ) -> torch.Tensor:
     out = torch.empty_like(query)
-    starts = query_start_loc.tolist()
-    lens = seq_lens.tolist()
-    # One sequence at a time: prefill batches hold few sequences, and padding them to
-    # a common query length would waste far more than the loop costs.
-    for i, seq_len in enumerate(lens):
-        lo, hi = starts[i], starts[i + 1]
-        q_len = hi - lo
-        if q_len == 0:
+    if query.shape[0] == 0:
+        return out
+    qsl = query_start_loc.tolist()
+    tables = block_tables.long()
+    for i, n in enumerate(seq_lens.tolist()):
+        lo, hi = qsl[i], qsl[i + 1]
+        if hi == lo:
             continue
-        k = _gather(k_cache, block_tables[i : i + 1], seq_len)
-        v = _gather(v_cache, block_tables[i : i + 1], seq_len)
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
-        k_pos = torch.arange(seq_len, device=query.device)
-        mask = (k_pos[None, :] <= q_pos[:, None])[None]  # causal, [1, Q, L]
-        out[lo:hi] = _attend(query[None, lo:hi], k, v, mask, scale)[0]
+        k, v = _blocks_of(k_cache, tables[i], n), _blocks_of(v_cache, tables[i], n)
+        out[lo:hi] = _sdpa(query[lo:hi], k, v, scale, n - (hi - lo))
     return out

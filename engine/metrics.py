@@ -1,0 +1,149 @@
+"""Prometheus metrics for the engine, with vLLM's names under our own prefix.
+
+`vllm:num_requests_running` becomes `pagedserve:num_requests_running`, and so on, so
+dashboards written for vLLM need only the prefix changed. Counters get prometheus'
+`_total` suffix on exposition, exactly as vLLM's do.
+
+prometheus_client is imported when EngineMetrics is built, not when this module is:
+BentoML sets PROMETHEUS_MULTIPROC_DIR in its workers after importing the service
+module, and prometheus_client fixes its mode at import. Metrics made in the worker land
+in BentoML's multiprocess registry and so appear on the service's own /metrics (this is
+what the deprecated `bentoml.metrics` shim does too). Gauges therefore declare how
+processes combine: counts sum over live workers, usage takes the most loaded one.
+
+All recording happens on the engine thread (AsyncLLM), one call per step, so the
+per-request bookkeeping here needs no lock.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.outputs import RequestOutput
+
+PREFIX = "pagedserve"
+
+# vLLM's buckets (seconds), so histograms compare one to one.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0)
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+@dataclass
+class _Seen:
+    """What the metrics already counted for one live request."""
+
+    tokens: list[int] = field(default_factory=list)  # per completion index
+    first_token: bool = False
+    last_token_time: float = 0.0
+
+
+class EngineMetrics:
+    """The engine's gauges, counters and histograms, labelled with the served model name."""
+
+    def __init__(self, model_name: str, prefix: str = PREFIX, registry: Any = None) -> None:
+        import prometheus_client as prom  # late on purpose: see the module docstring
+
+        kw: dict[str, Any] = {"labelnames": ["model_name"]}
+        if registry is not None:  # tests pass their own; BentoML workers use the default
+            kw["registry"] = registry
+        p = prefix
+
+        def gauge(name: str, doc: str, mode: str = "livesum") -> Any:
+            return prom.Gauge(f"{p}:{name}", doc, multiprocess_mode=mode, **kw).labels(model_name)
+
+        def counter(name: str, doc: str) -> Any:
+            return prom.Counter(f"{p}:{name}", doc, **kw).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return prom.Histogram(f"{p}:{name}", doc, buckets=buckets, **kw).labels(model_name)
+
+        self.running = gauge("num_requests_running", "Sequences in the running batch.")
+        self.waiting = gauge("num_requests_waiting", "Sequences waiting to be scheduled.")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).", "livemax")
+        self.blocks_total = gauge("kv_cache_blocks_total", "KV blocks in the pool.")
+        self.blocks_free = gauge("kv_cache_blocks_free", "KV blocks not referenced by any request.")
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that reached decoding.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        self.preemptions = counter("num_preemptions", "Sequences preempted to free KV blocks.")
+        self._success = prom.Counter(f"{p}:request_success", "Finished requests by finish reason.",
+                                     labelnames=["model_name", "finished_reason"],
+                                     **({"registry": registry} if registry is not None else {}))
+        self._model_name = model_name
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between a request's tokens.", ITL_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", REQUEST_BUCKETS)
+        self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduling.",
+                                    REQUEST_BUCKETS)
+        self._seen: dict[str, _Seen] = {}
+        self._last_stats: dict[str, float | int] = {}
+
+    def record_outputs(self, outputs: list[RequestOutput], now: float | None = None) -> None:
+        """Count new tokens and observe latencies from one step's (cumulative) outputs."""
+        now = time.monotonic() if now is None else now
+        for out in outputs:
+            seen = self._seen.setdefault(out.request_id, _Seen())
+            new = 0
+            for comp in out.outputs:
+                while len(seen.tokens) <= comp.index:
+                    seen.tokens.append(0)
+                new += len(comp.token_ids) - seen.tokens[comp.index]
+                seen.tokens[comp.index] = len(comp.token_ids)
+            m = out.metrics
+            if new > 0:
+                self.generation_tokens.inc(new)
+                if not seen.first_token:
+                    seen.first_token = True
+                    self.prompt_tokens.inc(len(out.prompt_token_ids))
+                    if m is not None and m.first_token_time is not None:
+                        self.ttft.observe(m.first_token_time - m.arrival_time)
+                        if m.first_scheduled_time is not None:
+                            self.queue_time.observe(m.first_scheduled_time - m.arrival_time)
+                else:
+                    self.itl.observe(now - seen.last_token_time)
+                seen.last_token_time = now
+            if out.finished:
+                self._finish(out, now)
+
+    def _finish(self, out: RequestOutput, now: float) -> None:
+        self._seen.pop(out.request_id, None)
+        reasons = [c.finish_reason for c in out.outputs if c.finish_reason]
+        reason = "abort" if "abort" in reasons or not reasons else reasons[0]
+        self._success.labels(self._model_name, reason).inc()
+        m = out.metrics
+        if m is not None and reason != "abort":
+            self.e2e.observe((m.finished_time or now) - m.arrival_time)
+
+    def record_stats(self, stats: dict[str, float | int]) -> None:
+        """Set gauges from engine.stats() and advance counters by its cumulative totals' growth."""
+        self.running.set(stats["num_running"])
+        self.waiting.set(stats["num_waiting"])
+        self.kv_usage.set(stats["kv_cache_usage"])
+        self.blocks_total.set(stats["blocks_total"])
+        self.blocks_free.set(stats["blocks_free"])
+        for key, counter in (("prefix_cache_query_tokens", self.prefix_queries),
+                             ("prefix_cache_hit_tokens", self.prefix_hits),
+                             ("num_preemptions", self.preemptions)):
+            grown = stats[key] - self._last_stats.get(key, 0)
+            if grown > 0:
+                counter.inc(grown)
+        self._last_stats = dict(stats)
+
+
+_CACHE: dict[str, EngineMetrics] = {}
+
+
+def engine_metrics(model_name: str, prefix: str = PREFIX) -> EngineMetrics:
+    """One EngineMetrics per process and prefix: prometheus refuses to register a name twice."""
+    if prefix not in _CACHE:
+        _CACHE[prefix] = EngineMetrics(model_name, prefix)
+    elif _CACHE[prefix]._model_name != model_name:
+        raise ValueError(f"metrics under {prefix!r} already label model {_CACHE[prefix]._model_name!r}")
+    return _CACHE[prefix]

@@ -1,0 +1,89 @@
+"""Put a model into the BentoML model store as a new version, for service.py and Bentos.
+
+    python scripts/import_model.py                    # the embedded SmolLM2-135M-Instruct
+    python scripts/import_model.py path/to/model.gguf --name my-model
+    python scripts/import_model.py path/to/hf_dir --name my-model --served-name My-Model
+    python scripts/import_model.py --if-missing       # `make serve`: import once, then reuse
+
+What is stored is always an HF-format directory (config, tokenizer, safetensors): a GGUF
+is dequantized here, once, with the engine's own loader, so a server or a container
+starts by reading safetensors instead of spending half a minute dequantizing on every
+cold start. Nothing is downloaded. The tag defaults to the serving preset's
+`service.model_tag` ($PAGEDSERVE_CONFIG, else config/default.yaml), which is what
+service.py looks up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# Weight formats the engine does not read: copying them would only bloat the store.
+SKIP_SUFFIXES = {".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt", ".lock"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("source", nargs="?", help="HF directory or .gguf file; omitted = the embedded default model")
+    p.add_argument("--name", help="model store name (default: the preset's service.model_tag)")
+    p.add_argument("--served-name", help="the OpenAI `model` name to serve it under")
+    p.add_argument("--config", help="serving preset to take the default name from")
+    p.add_argument("--if-missing", action="store_true", help="do nothing if the store already has this name")
+    return p.parse_args(argv)
+
+
+def hf_dir(source: str | None):
+    """Resolve the source to a local HF directory with the engine's loader (GGUF -> dequantized)."""
+    from engine.models import loader
+
+    if source is not None and not Path(source).expanduser().exists():
+        raise SystemExit(f"error: {source} does not exist")
+    files = loader.resolve(source)
+    loader.load_config(files)  # refuses architectures the engine cannot run, before storing anything
+    if not any(files.path.glob("*.safetensors")):
+        raise SystemExit(f"error: {files.path} has no *.safetensors weights")
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import bentoml
+    from bentoml.exceptions import NotFound
+
+    from engine.service_config import DEFAULT_SERVED_NAME, load_preset
+
+    name = args.name or load_preset(args.config).service.model_tag
+    if args.if_missing:
+        try:
+            existing = bentoml.models.get(name)
+        except NotFound:
+            pass
+        else:
+            print(f"{existing.tag} is already in the model store ({existing.path}); nothing to do")
+            return 0
+
+    files = hf_dir(args.source)
+    if args.source is None:
+        served = args.served_name or DEFAULT_SERVED_NAME
+    else:
+        served = args.served_name or Path(args.source).expanduser().resolve().name.removesuffix(".gguf")
+    metadata = {"served_model_name": served, "source": files.source, "format": "hf-safetensors"}
+    with bentoml.models.create(name, labels={"engine": "pagedserve"}, metadata=metadata) as model:
+        dest = Path(model.path)
+        for item in sorted(files.path.iterdir()):
+            # Subdirectories (such as original/ checkpoints) are never read by the engine.
+            if item.is_file() and not item.name.startswith(".") and item.suffix not in SKIP_SUFFIXES:
+                shutil.copy2(item, dest / item.name)
+    stored = bentoml.models.get(model.tag)
+    print(f"imported {files.source} as {stored.tag} (serves as {served!r}) into {stored.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

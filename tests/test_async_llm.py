@@ -1,0 +1,191 @@
+"""AsyncLLM on a tiny random model: deltas, aborts, bad requests and a dying engine."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from engine.async_llm import AsyncLLM, EngineDeadError
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.metrics import EngineMetrics
+from engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def config(tiny_model_factory) -> EngineConfig:
+    path = tiny_model_factory("async-tiny")
+    # 2 layers x (K, V) x 2 heads x 16 dims x 16 slots x 4 bytes = 8 KiB per block: 64 blocks.
+    return EngineConfig.create(model=str(path), device="cpu", dtype="float32", max_num_seqs=8,
+                               max_num_batched_tokens=256, max_model_len=128, kv_cache_memory_bytes=64 * 8192)
+
+
+@pytest.fixture(scope="module")
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture(scope="module")
+def llm(config, registry):
+    llm = AsyncLLM(LLMEngine(config), EngineMetrics("tiny", registry=registry))
+    yield llm
+    llm.shutdown()
+
+
+def run(coro, timeout: float = 120):
+    """Run a coroutine with a deadline, so a hang fails the test instead of the suite."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def collect(gen):
+    return [item async for item in gen]
+
+
+def wait_until(pred, timeout: float = 10.0) -> bool:
+    """Stats are published at step boundaries, just after outputs: give the loop a moment."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+def all_blocks_free(llm: AsyncLLM) -> bool:
+    s = llm.stats()
+    return s["blocks_free"] == s["blocks_total"] and s["num_running"] == 0 and s["num_waiting"] == 0
+
+
+def test_deltas_reassemble_the_cumulative_output(llm):
+    params = SamplingParams(n=2, temperature=0.9, seed=3, max_tokens=12, logprobs=2, ignore_eos=True)
+    items = run(collect(llm.generate("Hello there, how", params)))
+    assert items[-1].finished and not any(o.finished for o in items[:-1])
+    final = items[-1].output
+    for comp in final.outputs:
+        mine = [d for o in items for d in o.deltas if d.index == comp.index]
+        assert "".join(d.text for d in mine) == comp.text
+        assert [t for d in mine for t in d.token_ids] == comp.token_ids
+        assert [lp for d in mine for lp in d.logprobs] == comp.logprobs
+        assert len(comp.token_ids) == 12
+        assert [d.finish_reason for d in mine if d.finish_reason] == ["length"]  # reported exactly once
+    assert wait_until(lambda: all_blocks_free(llm))
+
+
+def test_a_rejected_request_raises_before_output_and_disturbs_no_one(llm):
+    async def scenario():
+        good = asyncio.create_task(collect(llm.generate("abc", SamplingParams(temperature=0, max_tokens=10,
+                                                                              ignore_eos=True))))
+        with pytest.raises(ValueError, match="max_model_len"):
+            async for _ in llm.generate([5] * 200, SamplingParams(max_tokens=4)):
+                pytest.fail("a rejected request yielded output")
+        with pytest.raises(ValueError, match="temperature"):
+            SamplingParams(temperature=-1)
+        return await good
+
+    items = run(scenario())
+    assert len(items[-1].output.outputs[0].token_ids) == 10
+    assert wait_until(lambda: all_blocks_free(llm))
+
+
+def test_leaving_the_stream_early_aborts_and_frees_blocks(llm):
+    async def scenario():
+        gen = llm.generate("abc " * 5, SamplingParams(max_tokens=100, ignore_eos=True))
+        async for _ in gen:
+            assert llm.stats()["blocks_free"] < llm.stats()["blocks_total"]
+            break
+        await gen.aclose()  # what a cancelled HTTP handler does
+
+    run(scenario())
+    assert wait_until(lambda: all_blocks_free(llm))
+
+
+def test_cancelling_the_consumer_task_aborts(llm):
+    async def scenario():
+        started = asyncio.Event()
+
+        async def consume():
+            async for _ in llm.generate("xyz " * 5, SamplingParams(max_tokens=100, ignore_eos=True)):
+                started.set()
+
+        task = asyncio.create_task(consume())
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(scenario())
+    assert wait_until(lambda: all_blocks_free(llm))
+
+
+def test_abort_by_id_ends_the_stream_with_reason_abort(llm):
+    async def scenario():
+        items = []
+        async for item in llm.generate("zzz", SamplingParams(max_tokens=100, ignore_eos=True), request_id="r-1"):
+            items.append(item)
+            if len(items) == 2:
+                llm.abort("r-1")
+        return items
+
+    items = run(scenario())
+    assert items[-1].finished and items[-1].output.outputs[0].finish_reason == "abort"
+    assert len(items[-1].output.outputs[0].token_ids) < 100
+    assert wait_until(lambda: all_blocks_free(llm))
+
+
+def test_metrics_follow_the_requests(llm, registry):
+    def value(name: str, **labels) -> float:
+        return registry.get_sample_value(name, {"model_name": "tiny", **labels}) or 0.0
+
+    before = {k: value(k) for k in ("pagedserve:generation_tokens_total", "pagedserve:prompt_tokens_total",
+                                    "pagedserve:time_to_first_token_seconds_count",
+                                    "pagedserve:e2e_request_latency_seconds_count",
+                                    "pagedserve:inter_token_latency_seconds_count",
+                                    "pagedserve:request_queue_time_seconds_count",
+                                    "pagedserve:prefix_cache_queries_total")}
+    length_before = value("pagedserve:request_success_total", finished_reason="length")
+    items = run(collect(llm.generate([7, 8, 9, 10, 11], SamplingParams(max_tokens=6, ignore_eos=True))))
+    assert len(items[-1].output.outputs[0].token_ids) == 6
+    assert wait_until(lambda: all_blocks_free(llm))
+    grew = {k: value(k) - v for k, v in before.items()}
+    assert grew["pagedserve:generation_tokens_total"] == 6
+    assert grew["pagedserve:prompt_tokens_total"] == 5
+    assert grew["pagedserve:time_to_first_token_seconds_count"] == 1
+    assert grew["pagedserve:request_queue_time_seconds_count"] == 1
+    assert grew["pagedserve:e2e_request_latency_seconds_count"] == 1
+    assert grew["pagedserve:inter_token_latency_seconds_count"] >= 1
+    assert grew["pagedserve:prefix_cache_queries_total"] >= 5
+    assert value("pagedserve:request_success_total", finished_reason="length") == length_before + 1
+    assert wait_until(lambda: value("pagedserve:kv_cache_blocks_free") == value("pagedserve:kv_cache_blocks_total"))
+    assert value("pagedserve:kv_cache_blocks_total") == 64
+    assert value("pagedserve:num_requests_running") == 0
+
+
+def test_engine_errors_reach_every_waiting_request(config):
+    engine = LLMEngine(config)
+    llm = AsyncLLM(engine)
+    real_step, calls = engine.step, itertools.count()
+
+    def failing_step():
+        if next(calls) >= 2:
+            raise RuntimeError("device lost")
+        return real_step()
+
+    engine.step = failing_step
+
+    async def scenario():
+        gens = [llm.generate(f"prompt {i}", SamplingParams(max_tokens=50, ignore_eos=True)) for i in range(3)]
+        results = await asyncio.gather(*(collect(g) for g in gens), return_exceptions=True)
+        assert all(isinstance(r, EngineDeadError) for r in results), results
+        assert "device lost" in str(results[0])
+        with pytest.raises(EngineDeadError):  # later requests fail fast instead of queueing forever
+            await collect(llm.generate("after", SamplingParams(max_tokens=2)))
+
+    run(scenario(), timeout=60)
+    assert not llm.is_alive and isinstance(llm.error, RuntimeError)
+    assert llm.stats()["engine_alive"] is False
