@@ -89,6 +89,7 @@ class LLMEngine:
         self.groups: dict[str, Group] = {}
         self._seq_group: dict[str, Group] = {}
         self._waste_sum = 0.0
+        self._prompt_tokens_computed = 0  # prompt tokens that went through the model
         self._waste_steps = 0
 
     def _num_blocks(self, block_bytes: int) -> int:
@@ -182,6 +183,7 @@ class LLMEngine:
             return []
         logits, sampling = self.runner.execute(batch)
         for req, n in zip(batch.requests, batch.num_new):
+            self._prompt_tokens_computed += max(0, min(n, req.num_prompt_tokens - req.num_computed_tokens))
             req.num_computed_tokens += n
         self._track_waste()
 
@@ -307,6 +309,7 @@ class LLMEngine:
             "num_waiting": len(self.scheduler.waiting),
             "prefix_cache_query_tokens": self.scheduler.prefix_query_tokens,
             "prefix_cache_hit_tokens": self.scheduler.prefix_hit_tokens,
+            "prompt_tokens_computed": self._prompt_tokens_computed,
         }
 
 

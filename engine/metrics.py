@@ -68,6 +68,9 @@ class EngineMetrics:
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).", "livemax")
         self.blocks_total = gauge("kv_cache_blocks_total", "KV blocks in the pool.")
         self.blocks_free = gauge("kv_cache_blocks_free", "KV blocks not referenced by any request.")
+        self.blocks_shared = gauge("kv_cache_blocks_shared", "KV blocks held by more than one sequence.")
+        self.blocks_cached_free = gauge("kv_cache_blocks_cached_free",
+                                        "Free KV blocks that still hold a reusable cached prefix.")
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that reached decoding.")
@@ -128,6 +131,8 @@ class EngineMetrics:
         self.kv_usage.set(stats["kv_cache_usage"])
         self.blocks_total.set(stats["blocks_total"])
         self.blocks_free.set(stats["blocks_free"])
+        self.blocks_shared.set(stats["blocks_shared"])
+        self.blocks_cached_free.set(stats["blocks_cached_free"])
         for key, counter in (("prefix_cache_query_tokens", self.prefix_queries),
                              ("prefix_cache_hit_tokens", self.prefix_hits),
                              ("num_preemptions", self.preemptions)):
