@@ -49,10 +49,12 @@ def make_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
     """count varied prompts of exactly `length` tokens, built from rotating sentences."""
     prompts = []
     for i in range(count):
-        text = " ".join(SENTENCES[(i + j) % len(SENTENCES)] for j in range(8))
-        ids = tokenizer.encode(text, add_special_tokens=False)[:length]
-        assert len(ids) == length
-        prompts.append(ids)
+        ids: list[int] = []
+        j = 0
+        while len(ids) < length:
+            ids += tokenizer.encode(SENTENCES[(i + j) % len(SENTENCES)] + " ", add_special_tokens=False)
+            j += 1
+        prompts.append(ids[:length])
     return prompts
 
 
