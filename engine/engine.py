@@ -169,7 +169,7 @@ class LLMEngine:
         for seq in group.seqs:
             if not seq.finished:
                 seq.finish_reason = "abort"
-                self._finish_seq(seq)
+                self.scheduler.finish(seq)
         return self._pop_output(group)
 
     def has_unfinished(self) -> bool:
@@ -250,10 +250,7 @@ class LLMEngine:
                 detok.flush()
                 if detok.stopped:  # held-back text completed a stop string
                     seq.finish_reason, seq.stop_reason = "stop", detok.stop_reason
-            self._finish_seq(seq)
-
-    def _finish_seq(self, seq: Request) -> None:
-        self.scheduler.finish(seq)
+            self.scheduler.finish(seq)
 
     def _output(self, group: Group) -> RequestOutput:
         outs = [

@@ -59,7 +59,7 @@ def test_allocation_fails_cleanly_when_the_pool_is_short():
     assert "b" not in kv.tables and kv.pool.num_free == 0
 
 
-def test_abort_mid_prefill_frees_blocks_in_the_engine(tmp_path):
+def test_abort_mid_prefill_frees_blocks_in_the_scheduler():
     from engine.scheduler import Scheduler
 
     kv = KVCacheManager(num_blocks=10, block_size=4, enable_caching=False)
