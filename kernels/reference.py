@@ -57,11 +57,16 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causa
         else:
             q_pos = torch.arange(causal_from, causal_from + q_len, device=q.device)
             mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+    dtype = q.dtype
+    if dtype != torch.float32 and q.device.type == "cpu":
+        # CPU SDPA is several times slower in bf16/fp16 than in fp32 on these sizes;
+        # upcasting the (already copied) K/V costs less and accumulates more exactly.
+        q, k, v = q.float(), k.float(), v.float()
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
     )
-    return out[0].transpose(0, 1)
+    return out[0].transpose(0, 1).to(dtype)
 
 
 def paged_attention_decode(
