@@ -40,7 +40,6 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
-    first_token_time: float | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -46,12 +46,12 @@ def _blocks_of(cache: torch.Tensor, table: torch.Tensor, seq_len: int) -> torch.
     return cache.index_select(0, table[:n]).flatten(0, 1)[:seq_len]
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_from: int | None):
-    """q: [Q, H, D]; k, v: [L, Hkv, D] -> [Q, H, D]. causal_from: position of q[0], None = no mask."""
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_from: int):
+    """q: [Q, H, D]; k, v: [L, Hkv, D] -> [Q, H, D]. causal_from: position of q[0]."""
     q_len, seq_len = q.shape[0], k.shape[0]
     mask = None
     causal = False
-    if causal_from is not None and q_len > 1:
+    if q_len > 1:  # a single query token sees every key: no mask
         if q_len == seq_len:
             causal = True
         else:
@@ -77,16 +77,9 @@ def paged_attention_decode(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    out = torch.empty_like(query)
-    if query.shape[0] == 0:
-        return out
-    tables = block_tables.long()
-    # One fused attention call per sequence: on the CPU this beats a padded batch,
-    # which would do and move work for the longest sequence in every row.
-    for i, n in enumerate(seq_lens.tolist()):
-        k, v = _blocks_of(k_cache, tables[i], n), _blocks_of(v_cache, tables[i], n)
-        out[i : i + 1] = _sdpa(query[i : i + 1], k, v, scale, None)
-    return out
+    # Decode is prefill with one query token per sequence.
+    query_start_loc = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=query.device)
+    return paged_attention_prefill(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
 
 
 def paged_attention_prefill(
@@ -103,6 +96,8 @@ def paged_attention_prefill(
         return out
     qsl = query_start_loc.tolist()
     tables = block_tables.long()
+    # One fused attention call per sequence: on the CPU this beats a padded batch,
+    # which would do and move work for the longest sequence in every row.
     for i, n in enumerate(seq_lens.tolist()):
         lo, hi = qsl[i], qsl[i + 1]
         if hi == lo:
