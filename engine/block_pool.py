@@ -42,6 +42,10 @@ class BlockPool:
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[bytes, Block] = {}
         self.enable_caching = enable_caching
+        # Kept up to date on every change, so reading them never scans the pool.
+        self.num_shared = 0  # blocks with more than one reference
+        self.num_cached_free = 0  # free blocks that still hold a reusable prefix
+        self.num_evictions = 0  # cached prefixes overwritten to make room, since start
 
     @property
     def num_blocks(self) -> int:
@@ -51,14 +55,6 @@ class BlockPool:
     def num_free(self) -> int:
         return len(self.free)
 
-    @property
-    def num_cached_free(self) -> int:
-        return sum(1 for i in self.free if self.blocks[i].hash is not None)
-
-    @property
-    def num_shared(self) -> int:
-        return sum(1 for b in self.blocks if b.ref_cnt > 1)
-
     def allocate(self, n: int) -> list[Block]:
         """Hand out n blocks, evicting the least recently used cached ones first."""
         if n > len(self.free):
@@ -66,6 +62,9 @@ class BlockPool:
         out = []
         for _ in range(n):
             block = self.blocks[self.free.popitem(last=False)[0]]
+            if block.hash is not None:
+                self.num_cached_free -= 1
+                self.num_evictions += 1
             self._evict(block)
             block.ref_cnt = 1
             out.append(block)
@@ -76,6 +75,10 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0:
                 del self.free[block.id]
+                if block.hash is not None:
+                    self.num_cached_free -= 1
+            elif block.ref_cnt == 1:
+                self.num_shared += 1
             block.ref_cnt += 1
 
     def release(self, blocks: Iterable[Block]) -> None:
@@ -84,8 +87,12 @@ class BlockPool:
             if block.ref_cnt <= 0:
                 raise RuntimeError(f"block {block.id} freed more often than it was taken")
             block.ref_cnt -= 1
-            if block.ref_cnt == 0:
+            if block.ref_cnt == 1:
+                self.num_shared -= 1
+            elif block.ref_cnt == 0:
                 self.free[block.id] = None
+                if block.hash is not None:
+                    self.num_cached_free += 1
 
     def lookup(self, block_hash: bytes) -> Block | None:
         return self.cached.get(block_hash)
@@ -107,6 +114,7 @@ class BlockPool:
 
     def reset_cache(self) -> None:
         """Forget every cached prefix; blocks in use keep their contents but are no longer hits."""
-        for block in self.blocks:
+        for block in self.cached.values():
             block.hash = None
         self.cached.clear()
+        self.num_cached_free = 0

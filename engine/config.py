@@ -1,14 +1,24 @@
-"""Engine configuration: a strict pydantic model, loadable from the YAML presets in config/."""
+"""Engine configuration: a strict pydantic model, loadable from the YAML presets in config/,
+and its resolution against the machine and the model into the numbers the engine runs with."""
 
 from __future__ import annotations
 
+import logging
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from engine.errors import ParamError
+
+logger = logging.getLogger(__name__)
+
 PRESET_DIR = Path(__file__).resolve().parent.parent / "config"
+CPU_KV_DEFAULT_BYTES = 2 << 30
 
 
 class EngineConfig(BaseModel):
@@ -43,24 +53,123 @@ class EngineConfig(BaseModel):
 
     @classmethod
     def from_preset(cls, name_or_path: str | Path, **overrides: Any) -> "EngineConfig":
-        """Load a YAML preset (a name from config/ or a path) with keyword overrides on top."""
-        path = Path(name_or_path)
-        if not path.suffix:
-            path = PRESET_DIR / f"{name_or_path}.yaml"
-        if not path.is_file():
-            raise ValueError(f"config preset {str(name_or_path)!r} not found (looked for {path})")
-        data = yaml.safe_load(path.read_text()) or {}
-        engine = data.get("engine", data)
+        """A preset's `engine:` section with keyword overrides on top."""
+        engine = read_preset(name_or_path).get("engine") or {}
         return cls.create(**{**engine, **overrides})
 
     @classmethod
     def create(cls, **kwargs: Any) -> "EngineConfig":
-        """Like the constructor, but a bad key or value raises ValueError naming the field."""
+        """Like the constructor, but a bad key or value raises ParamError naming the field."""
         try:
             return cls(**kwargs)
         except ValidationError as e:
-            msgs = []
+            params, msgs = [], []
             for err in e.errors():
                 where = ".".join(str(p) for p in err["loc"]) or "config"
+                params.append(where)
                 msgs.append(f"{where}: {err['msg']}")
-            raise ValueError("invalid engine config: " + "; ".join(msgs)) from None
+            raise ParamError(params[0], "invalid engine config: " + "; ".join(msgs)) from None
+
+
+def read_preset(name_or_path: str | os.PathLike) -> dict[str, Any]:
+    """A YAML preset as a mapping: a bare name means config/<name>.yaml; a relative path is
+    tried against the working directory, then the project root, so a Bento finds its own."""
+    path = Path(name_or_path).expanduser()
+    if not path.suffix:
+        path = PRESET_DIR / f"{name_or_path}.yaml"
+    if not path.is_absolute() and not path.is_file():
+        path = PRESET_DIR.parent / path
+    if not path.is_file():
+        raise ParamError("preset", f"config preset {str(name_or_path)!r} not found (looked for {path})")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict) or "engine" not in data:
+        raise ParamError("preset", f"{path}: a preset is a mapping with an `engine:` section")
+    return data
+
+
+def cpu_has_bf16() -> bool:
+    """Native bf16 math (avx512_bf16 or AMX): there bf16 GEMMs beat fp32 several times over."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """The config checked against this machine and this model: what the engine really runs."""
+
+    device: torch.device
+    dtype: torch.dtype
+    attention_backend: str
+    max_model_len: int
+    max_positions: int  # rotary table length
+    num_blocks: int
+
+    @classmethod
+    def resolve(cls, config: EngineConfig, hf_config: Any) -> "ResolvedConfig":
+        from engine.models.llama import kv_block_bytes
+
+        device = _device(config.device)
+        dtype = _dtype(config.dtype, device)
+        backend = _backend(config.attention_backend, device)
+        positions = int(getattr(hf_config, "max_position_embeddings", 2048))
+        if config.max_model_len is not None and config.max_model_len > positions:
+            raise ParamError("max_model_len", f"max_model_len ({config.max_model_len}) exceeds the model's "
+                             f"max_position_embeddings ({positions})")
+        window = getattr(hf_config, "sliding_window", None)
+        block_bytes = kv_block_bytes(hf_config, config.block_size, dtype)
+        num_blocks = _num_blocks(config, device, block_bytes)
+        capacity = num_blocks * config.block_size
+        max_model_len = config.max_model_len or min(positions, capacity, window or positions)
+        if window is not None and getattr(hf_config, "use_sliding_window", True) and max_model_len > window:
+            # Sliding-window attention is not implemented: past the window the output would
+            # silently diverge, so only lengths within the window are served.
+            raise ParamError("max_model_len", f"the model uses a {window}-token sliding window, which this "
+                             f"engine does not implement; set max_model_len <= {window}")
+        if max_model_len > capacity:
+            raise ParamError(
+                "max_model_len",
+                f"max_model_len ({max_model_len}) needs {-(-max_model_len // config.block_size)} KV blocks but "
+                f"kv_cache_memory_bytes only holds {num_blocks}; raise the memory or lower it",
+            )
+        return cls(device, dtype, backend, max_model_len, positions, num_blocks)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ParamError("device", "device is cuda but torch sees no CUDA GPU")
+    return torch.device(name)
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda" or cpu_has_bf16():
+            return torch.bfloat16
+        return torch.float32
+    return getattr(torch, name)
+
+
+def _backend(name: str, device: torch.device) -> str:
+    if name == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ParamError("attention_backend", "attention_backend triton on the CPU needs TRITON_INTERPRET=1; "
+                         "use auto or torch")
+    return name
+
+
+def _num_blocks(config: EngineConfig, device: torch.device, block_bytes: int) -> int:
+    budget = config.kv_cache_memory_bytes
+    if budget is None:
+        if device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(device)
+            budget = int(free * config.gpu_memory_utilization)
+        else:
+            budget = CPU_KV_DEFAULT_BYTES
+    num_blocks = budget // block_bytes
+    if num_blocks < 1:
+        raise ParamError("kv_cache_memory_bytes",
+                         f"kv_cache_memory_bytes ({budget}) is smaller than one KV block ({block_bytes} bytes)")
+    return num_blocks

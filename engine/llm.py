@@ -10,21 +10,35 @@ from tqdm.auto import tqdm
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.errors import ParamError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats
 
 Message = dict[str, Any]
+
+
+def apply_chat_template(tokenizer: Any, conversation: list[Message], add_generation_prompt: bool = True
+                        ) -> list[int]:
+    """Token ids of a conversation through the model's own chat template."""
+    if not conversation:
+        raise ParamError("messages", "messages must not be empty")
+    out = tokenizer.apply_chat_template(
+        conversation, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
+    )
+    return list(out["input_ids"] if isinstance(out, dict) else out)
 
 
 class LLM:
     """`LLM(model=None)` serves the embedded SmolLM2-135M-Instruct.
 
     Keyword arguments are EngineConfig fields; `preset` names a YAML file in config/
-    whose values they override.
+    whose values they override (a `model` given here wins over the preset's).
     """
 
     def __init__(self, model: str | None = None, *, preset: str | None = None, **kwargs: Any) -> None:
-        kwargs["model"] = model
+        if model is not None:
+            kwargs["model"] = model
         self.config = (
             EngineConfig.from_preset(preset, **kwargs) if preset else EngineConfig.create(**kwargs)
         )
@@ -46,7 +60,7 @@ class LLM:
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         elif len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+            raise ParamError("params", f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         ids = []
         try:
             for prompt, p in zip(prompts, params):
@@ -68,29 +82,24 @@ class LLM:
     ) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.apply_chat_template(c, add_generation_prompt) for c in conversations]
+        prompts = [apply_chat_template(self.tokenizer, c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, params, use_tqdm)
 
     def apply_chat_template(self, conversation: list[Message], add_generation_prompt: bool = True) -> list[int]:
-        if not conversation:
-            raise ValueError("messages must not be empty")
-        out = self.tokenizer.apply_chat_template(
-            conversation, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
-        )
-        return list(out["input_ids"] if isinstance(out, dict) else out)
+        return apply_chat_template(self.tokenizer, conversation, add_generation_prompt)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm or len(ids) < 2)
         while self.engine.has_unfinished():
-            for out in self.engine.step():
+            for out in self.engine.step().outputs:
                 if out.finished:
                     done[out.request_id] = out
                     bar.update(1)
         bar.close()
         return [done[rid] for rid in ids]
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> EngineStats:
         return self.engine.stats()
 
     def reset_prefix_cache(self) -> None:

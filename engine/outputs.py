@@ -1,4 +1,4 @@
-"""What the engine hands back: vLLM-shaped request and completion outputs."""
+"""What the engine hands back each step: vLLM-shaped outputs that carry their deltas."""
 
 from __future__ import annotations
 
@@ -7,8 +7,29 @@ from typing import Any
 
 
 @dataclass
+class CompletionDelta:
+    """What one sequence produced in the step that reported it."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[Any] | None  # engine.sampler.TokenLogprobs per new token, when asked for
+    finish_reason: str | None = None  # set on the one delta that finishes the sequence
+    stop_reason: int | str | None = None
+
+    def extend(self, later: CompletionDelta) -> None:
+        """Fold a later delta of the same sequence into this one (a reader that fell behind)."""
+        self.text += later.text
+        self.token_ids += later.token_ids
+        if self.logprobs is not None and later.logprobs is not None:
+            self.logprobs += later.logprobs
+        if later.finish_reason is not None:
+            self.finish_reason, self.stop_reason = later.finish_reason, later.stop_reason
+
+
+@dataclass
 class CompletionOutput:
-    """One generated sequence. text and token_ids are cumulative, never deltas."""
+    """One generated sequence: cumulative state, plus `delta` for what this step added."""
 
     index: int
     text: str
@@ -16,6 +37,7 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None  # the stop string or stop token that matched
     logprobs: list[Any] | None = None  # engine.sampler.TokenLogprobs per token
+    delta: CompletionDelta | None = None  # None when the sequence did not change this step
 
     @property
     def finished(self) -> bool:
@@ -39,3 +61,7 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = field(default=None, repr=False)
+
+    @property
+    def deltas(self) -> list[CompletionDelta]:
+        return [c.delta for c in self.outputs if c.delta is not None]

@@ -9,9 +9,9 @@ import torch
 
 import kernels
 from engine.kv_cache_manager import KVCacheManager
-from engine.models.llama import AttnMetadata, LlamaForCausalLM
-from engine.request import Request
+from engine.models.llama import AttnMetadata, LlamaForCausalLM, head_dim, num_kv_heads
 from engine.scheduler import Batch
+from engine.sequence import Sequence
 
 
 @dataclass
@@ -20,44 +20,35 @@ class StepInput:
     positions: torch.Tensor
     meta: AttnMetadata
     logits_indices: torch.Tensor
-    sampling: list[Request]  # in the order of the logits rows
-
-
-def kv_block_bytes(config, block_size: int, dtype: torch.dtype) -> int:
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = config.num_key_value_heads or config.num_attention_heads
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * block_size * kv_heads * head_dim * elem
+    sampling: list[Sequence]  # in the order of the logits rows
 
 
 class ModelRunner:
     def __init__(
         self,
         model: LlamaForCausalLM,
-        kv: KVCacheManager,
+        kv_manager: KVCacheManager,
         num_blocks: int,
         dtype: torch.dtype,
         device: torch.device,
         backend: str = "auto",
     ) -> None:
         self.model = model
-        self.kv = kv
+        self.kv_manager = kv_manager
         self.device = device
         self.backend = backend
         cfg = model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads
-        shape = (num_blocks, kv.block_size, kv_heads, head_dim)
+        shape = (num_blocks, kv_manager.block_size, num_kv_heads(cfg), head_dim(cfg))
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(cfg.num_hidden_layers)
         ]
 
     def prepare(self, batch: Batch) -> StepInput:
-        bs = self.kv.block_size
+        bs = self.kv_manager.block_size
         # Single-token queries go first so they can take the decode kernel.
         order = sorted(range(len(batch)), key=lambda i: batch.num_new[i] != 1)
-        reqs = [batch.requests[i] for i in order]
+        reqs = [batch.seqs[i] for i in order]
         num_new = np.array([batch.num_new[i] for i in order], dtype=np.int64)
         computed = np.array([r.num_computed_tokens for r in reqs], dtype=np.int64)
         seq_lens = computed + num_new
@@ -71,7 +62,7 @@ class ModelRunner:
         req_of_token = np.repeat(np.arange(len(reqs)), num_new)
         positions = np.arange(total) - starts[req_of_token] + computed[req_of_token]
 
-        tables = [self.kv.block_ids(r.request_id) for r in reqs]
+        tables = [self.kv_manager.block_ids(r) for r in reqs]
         width = max(len(t) for t in tables)
         table_np = np.zeros((len(reqs), width), dtype=np.int64)
         for i, t in enumerate(tables):
@@ -105,8 +96,8 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, batch: Batch) -> tuple[torch.Tensor, list[Request]]:
-        """Run the step; returns fp32 logits for the requests that sample, and those requests."""
+    def execute(self, batch: Batch) -> tuple[torch.Tensor, list[Sequence]]:
+        """Run the step; returns fp32 logits for the sequences that sample, and those sequences."""
         if batch.copies:
             self._copy_blocks(batch.copies)
         step = self.prepare(batch)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.errors import ParamError
+
 
 @dataclass
 class SamplingParams:
@@ -69,4 +71,4 @@ class SamplingParams:
 
 def _check(params: SamplingParams, name: str, ok: bool, why: str) -> None:
     if not ok:
-        raise ValueError(f"SamplingParams.{name} {why}, got {getattr(params, name)!r}")
+        raise ParamError(name, f"{name} {why}, got {getattr(params, name)!r}")

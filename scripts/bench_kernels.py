@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 32, 8, 128, 16, torch.bfloat16
 COLUMNS = ["batch", "ctx", "splits", "paged us", "paged GB/s", "% of copy BW", "sdpa us",

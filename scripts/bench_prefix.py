@@ -16,9 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import LLM, SamplingParams  # noqa: E402
+from engine import LLM, SamplingParams
 
 QUESTIONS = [
     "What is the capital of France?", "How do I reverse a list in Python?", "Why is the sky blue?",
@@ -56,7 +55,7 @@ def run(caching: bool, args) -> dict:
                for q in QUESTIONS[: args.num_questions]]
     llm.generate([prompts[0][:50]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)  # warm up
     llm.reset_prefix_cache()
-    before = llm.stats()["prompt_tokens_computed"]
+    before = llm.stats().prompt_tokens_computed
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -66,8 +65,8 @@ def run(caching: bool, args) -> dict:
     return {
         "ttft_mean_s": statistics.mean(ttft), "ttft_p50_s": statistics.median(ttft),
         "prompt_tokens": sum(len(p) for p in prompts),
-        "prompt_tokens_computed": s["prompt_tokens_computed"] - before,
-        "hit_tokens": s["prefix_cache_hit_tokens"], "wall_s": elapsed,
+        "prompt_tokens_computed": s.prompt_tokens_computed - before,
+        "hit_tokens": s.prefix_cache_hit_tokens, "wall_s": elapsed,
         "texts": [o.outputs[0].text for o in outs],
     }
 

@@ -24,10 +24,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.models import loader  # noqa: E402
+from engine import LLM, SamplingParams
+from engine.models import loader
 
 
 def workload(n: int, seed: int, vocab: int) -> list[tuple[list[int], int]]:
@@ -109,12 +108,12 @@ def main() -> None:
           f"{total_out} output tokens; dtype {args.dtype}; torch threads {torch.get_num_threads()}")
 
     results: dict[str, float] = {}
-    stats: dict = {}
+    stats = None
     if "engine" not in args.skip:
         secs, stats = run_engine(args.model, args.dtype, reqs, args)
         results["engine"] = total_out / secs
         print(f"engine:            {results['engine']:8.1f} tok/s  ({secs:.1f}s, "
-              f"mean KV waste {stats['kv_waste_mean']:.2%}, preemptions {stats['num_preemptions']})")
+              f"mean KV waste {stats.kv_waste_mean:.2%}, preemptions {stats.num_preemptions})")
     if not {"single", "static"} <= set(args.skip):
         model = load_hf(files.path, args.dtype)
         if "static" not in args.skip:
@@ -131,8 +130,8 @@ def main() -> None:
                 print(f"engine / {peer}: {results['engine'] / results[peer]:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "dtype": args.dtype, "tokens_per_s": results, "kv_waste_mean": stats.get("kv_waste_mean"),
-            "preemptions": stats.get("num_preemptions"), "machine": platform.processor() or platform.machine(),
+            "dtype": args.dtype, "tokens_per_s": results, "kv_waste_mean": stats and stats.kv_waste_mean,
+            "preemptions": stats and stats.num_preemptions, "machine": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(),
         }, indent=2))
 

@@ -20,9 +20,6 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 # Weight formats the engine does not read: copying them would only bloat the store.
 SKIP_SUFFIXES = {".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt", ".lock"}
@@ -56,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     import bentoml
     from bentoml.exceptions import NotFound
 
-    from engine.service_config import DEFAULT_SERVED_NAME, load_preset
+    from engine.models import DEFAULT_MODEL_NAME
+    from engine.serving.preset import load_preset
 
     name = args.name or load_preset(args.config).service.model_tag
     if args.if_missing:
@@ -70,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     files = hf_dir(args.source)
     if args.source is None:
-        served = args.served_name or DEFAULT_SERVED_NAME
+        served = args.served_name or DEFAULT_MODEL_NAME
     else:
         served = args.served_name or Path(args.source).expanduser().resolve().name.removesuffix(".gguf")
     metadata = {"served_model_name": served, "source": files.source, "format": "hf-safetensors"}

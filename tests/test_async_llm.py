@@ -9,11 +9,11 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from engine.async_llm import AsyncLLM, EngineDeadError
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.metrics import EngineMetrics
 from engine.sampling_params import SamplingParams
+from engine.serving.async_llm import AsyncLLM, EngineDeadError
+from engine.serving.metrics import EngineMetrics
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -93,19 +93,38 @@ def test_a_rejected_request_raises_before_output_and_disturbs_no_one(llm):
     assert wait_until(lambda: all_blocks_free(llm))
 
 
-def test_leaving_the_stream_early_aborts_and_frees_blocks(llm):
+def finished_as(registry, reason: str) -> float:
+    labels = {"model_name": "tiny", "finished_reason": reason}
+    return registry.get_sample_value("pagedserve:request_success_total", labels) or 0.0
+
+
+async def settle(llm: AsyncLLM, timeout: float = 10.0) -> None:
+    """Wait, with this event loop still running, until the engine holds nothing."""
+    deadline = time.monotonic() + timeout
+    while not all_blocks_free(llm) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
+def test_leaving_the_stream_early_aborts_and_frees_blocks(llm, registry):
+    aborted, ran_out = finished_as(registry, "abort"), finished_as(registry, "length")
+
     async def scenario():
         gen = llm.generate("abc " * 5, SamplingParams(max_tokens=100, ignore_eos=True))
         async for _ in gen:
             assert llm.stats()["blocks_free"] < llm.stats()["blocks_total"]
             break
         await gen.aclose()  # what a cancelled HTTP handler does
+        await settle(llm)  # the loop stays open: only the abort itself can end the request early
 
     run(scenario())
-    assert wait_until(lambda: all_blocks_free(llm))
+    assert all_blocks_free(llm)
+    assert finished_as(registry, "abort") == aborted + 1
+    assert finished_as(registry, "length") == ran_out  # it did not simply run to max_tokens
 
 
-def test_cancelling_the_consumer_task_aborts(llm):
+def test_cancelling_the_consumer_task_aborts(llm, registry):
+    aborted, ran_out = finished_as(registry, "abort"), finished_as(registry, "length")
+
     async def scenario():
         started = asyncio.Event()
 
@@ -118,9 +137,12 @@ def test_cancelling_the_consumer_task_aborts(llm):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        await settle(llm)
 
     run(scenario())
-    assert wait_until(lambda: all_blocks_free(llm))
+    assert all_blocks_free(llm)
+    assert finished_as(registry, "abort") == aborted + 1
+    assert finished_as(registry, "length") == ran_out
 
 
 def test_abort_by_id_ends_the_stream_with_reason_abort(llm):

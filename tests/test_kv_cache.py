@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.block_pool import BlockPool, hash_block
 from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request
+from engine.sequence import Sequence
 from engine.sampling_params import SamplingParams
 
 
-def req(rid: str, tokens: list[int], salt: str | None = None) -> Request:
-    return Request(rid, tokens, SamplingParams(max_tokens=8), cache_salt=salt)
+_seq_ids = itertools.count()
 
 
-def step(kv: KVCacheManager, r: Request, n: int) -> bool:
+def req(rid: str, tokens: list[int], salt: str | None = None) -> Sequence:
+    return Sequence(next(_seq_ids), rid, 0, tokens, SamplingParams(max_tokens=8), cache_salt=salt)
+
+
+def step(kv: KVCacheManager, r: Sequence, n: int) -> bool:
     """Schedule n tokens for r and mark them computed, as the engine would."""
     ok = kv.allocate(r, n)
     if ok:
@@ -27,14 +32,14 @@ def test_blocks_are_allocated_only_at_block_boundaries():
     kv = KVCacheManager(num_blocks=8, block_size=4, enable_caching=False)
     r = req("a", list(range(5)))
     assert step(kv, r, 5)
-    assert len(kv.tables["a"]) == 2  # 5 tokens -> 2 blocks
+    assert len(kv.tables[r.seq_id]) == 2  # 5 tokens -> 2 blocks
     for tok in (100, 101, 102):  # positions 5, 6, 7 fill block 2
         r.token_ids.append(tok)
         assert step(kv, r, 1)
-        assert len(kv.tables["a"]) == 2
+        assert len(kv.tables[r.seq_id]) == 2
     r.token_ids.append(103)  # position 8 starts block 3
     assert step(kv, r, 1)
-    assert len(kv.tables["a"]) == 3
+    assert len(kv.tables[r.seq_id]) == 3
     assert kv.pool.num_free == 5
 
 
@@ -56,7 +61,7 @@ def test_allocation_fails_cleanly_when_the_pool_is_short():
     assert step(kv, a, 12)
     b = req("b", list(range(4)))
     assert not kv.allocate(b, 4)
-    assert "b" not in kv.tables and kv.pool.num_free == 0
+    assert b.seq_id not in kv.tables and kv.pool.num_free == 0
 
 
 def test_abort_mid_prefill_frees_blocks_in_the_scheduler():
@@ -78,20 +83,20 @@ def test_ref_counts_with_shared_prefix_and_fork():
     assert step(kv, a, 10)  # blocks: 2 full (published) + 1 partial
     b = req("b", list(range(9)))  # same first 8 tokens
     hits = kv.find_cached(b)
-    assert [blk.id for blk in hits] == kv.block_ids("a")[:2]
+    assert [blk.id for blk in hits] == kv.block_ids(a)[:2]
     assert kv.allocate(b, 1, hits)
     b.num_computed_tokens = 9
-    assert [blk.ref_cnt for blk in kv.tables["a"]] == [2, 2, 1]
+    assert [blk.ref_cnt for blk in kv.tables[a.seq_id]] == [2, 2, 1]
     c = req("c", list(range(10)))
     c.num_computed_tokens = 10
     kv.fork(a, c)
-    assert [blk.ref_cnt for blk in kv.tables["a"]] == [3, 3, 2]
+    assert [blk.ref_cnt for blk in kv.tables[a.seq_id]] == [3, 3, 2]
     # c writes position 10 into the shared partial block: copy on write.
     c.token_ids.append(7)
     assert step(kv, c, 1)
     (src, dst), = kv.take_copies()
-    assert src == kv.tables["a"][2].id and dst == kv.tables["c"][2].id and src != dst
-    assert kv.tables["a"][2].ref_cnt == 1
+    assert src == kv.tables[a.seq_id][2].id and dst == kv.tables[c.seq_id][2].id and src != dst
+    assert kv.tables[a.seq_id][2].ref_cnt == 1
     for r in (a, b, c):
         kv.free(r)
     assert kv.pool.num_free == 10
@@ -152,7 +157,7 @@ def test_random_workload_keeps_ref_counts_consistent_and_leaks_nothing(ops, cach
     """Random allocate/share/fork/free/evict: counts always match the tables, no block
     is handed out while in use, and everything is free at the end."""
     kv = KVCacheManager(num_blocks=24, block_size=4, enable_caching=caching)
-    live: dict[str, Request] = {}
+    live: dict[str, Sequence] = {}
     serial = 0
     for op, pick, n in ops:
         names = sorted(live)
@@ -183,14 +188,18 @@ def test_random_workload_keeps_ref_counts_consistent_and_leaks_nothing(ops, cach
         kv.take_copies()
         # invariants
         refs = [0] * kv.pool.num_blocks
-        for rid, table in kv.tables.items():
-            assert len(table) * 4 >= live[rid].num_computed_tokens
+        by_seq = {r.seq_id: r for r in live.values()}
+        for seq_id, table in kv.tables.items():
+            assert len(table) * 4 >= by_seq[seq_id].num_computed_tokens
             for blk in table:
                 refs[blk.id] += 1
         assert refs == [blk.ref_cnt for blk in kv.pool.blocks]
         assert all((blk.ref_cnt == 0) == (blk.id in kv.pool.free) for blk in kv.pool.blocks)
         for h, blk in kv.pool.cached.items():
             assert blk.hash == h
+        # the pool's running counts equal a full scan
+        assert kv.pool.num_shared == sum(blk.ref_cnt > 1 for blk in kv.pool.blocks)
+        assert kv.pool.num_cached_free == sum(blk.hash is not None for blk in kv.pool.blocks if blk.ref_cnt == 0)
     for r in list(live.values()):
         kv.free(r)
     assert kv.pool.num_free == kv.pool.num_blocks

@@ -36,11 +36,11 @@ class AttnMetadata:
 
 def rope_inv_freq(config) -> torch.Tensor:
     """Inverse frequencies, with Llama-3 or linear scaling when the config asks for it."""
-    head_dim = _head_dim(config)
+    dim = head_dim(config)
     params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
     theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if kind == "default":
         return inv_freq
     if kind == "linear":
@@ -58,8 +58,18 @@ def rope_inv_freq(config) -> torch.Tensor:
     raise ValueError(f"rope_type {kind!r} is not supported (default, linear, llama3)")
 
 
-def _head_dim(config) -> int:
+def head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def num_kv_heads(config) -> int:
+    return config.num_key_value_heads or config.num_attention_heads
+
+
+def kv_block_bytes(config, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one KV block across all layers (K and V)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * block_size * num_kv_heads(config) * head_dim(config) * elem
 
 
 class RMSNorm(nn.Module):
@@ -78,8 +88,8 @@ class Attention(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads or self.num_heads
-        self.head_dim = _head_dim(config)
+        self.num_kv_heads = num_kv_heads(config)
+        self.head_dim = head_dim(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         bias = bool(getattr(config, "attention_bias", False))
@@ -92,7 +102,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttnMetadata,
     ) -> torch.Tensor:
         n = x.shape[0]
@@ -100,7 +110,7 @@ class Attention(nn.Module):
         q = _rotate(q.view(n, self.num_heads, self.head_dim), cos, sin)
         k = _rotate(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        k_cache, v_cache = kv
+        k_cache, v_cache = kv_cache
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
         nd = meta.num_decode_tokens
         if nd == n:
@@ -148,8 +158,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h, cos, sin, kv, meta) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv, meta)
+    def forward(self, h, cos, sin, kv_cache, meta) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -185,8 +195,8 @@ class LlamaForCausalLM(nn.Module):
         h = self.embed_tokens(input_ids)
         cos = self.cos_cache[positions].to(h.dtype)[:, None, :]
         sin = self.sin_cache[positions].to(h.dtype)[:, None, :]
-        for layer, kv in zip(self.layers, kv_caches):
-            h = layer(h, cos, sin, kv, meta)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            h = layer(h, cos, sin, kv_cache, meta)
         h = self.norm(h[logits_indices])
         return F.linear(h, self.lm_head_weight).float()
 

@@ -21,10 +21,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
-from engine.models import default_model_path
+from engine.models import DEFAULT_MODEL_NAME, default_model_path
 from engine.models.llama import LlamaForCausalLM
 
 SUPPORTED = {"llama", "mistral"}
+__all__ = ["DEFAULT_MODEL_NAME", "ModelFiles", "resolve", "load_config", "load_tokenizer", "build_model"]
 
 
 @dataclass

@@ -8,17 +8,15 @@ so the service section is validated here by its own strict model.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.config import PRESET_DIR, EngineConfig
+from engine.config import PRESET_DIR, EngineConfig, read_preset
+from engine.errors import ParamError
+from engine.models import DEFAULT_MODEL_TAG
 
 CONFIG_ENV = "PAGEDSERVE_CONFIG"
 DEFAULT_PRESET = PRESET_DIR / "default.yaml"
-DEFAULT_MODEL_TAG = "smollm2-135m-instruct"
-DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 
 
 class TrafficConfig(BaseModel):
@@ -50,33 +48,17 @@ class ServingPreset(BaseModel):
     service: ServiceConfig = ServiceConfig()
 
 
-def preset_path(name_or_path: str | os.PathLike | None = None) -> Path:
-    """Resolve the preset: an explicit path, $PAGEDSERVE_CONFIG, else config/default.yaml.
-
-    A bare name (no suffix) means config/<name>.yaml; a relative path is tried against the
-    working directory, then against the project root, so a Bento finds its own config/.
-    """
-    raw = name_or_path or os.environ.get(CONFIG_ENV) or DEFAULT_PRESET
-    path = Path(raw).expanduser()
-    if not path.suffix:
-        path = PRESET_DIR / f"{raw}.yaml"
-    if not path.is_absolute() and not path.is_file():
-        path = PRESET_DIR.parent / path
-    if not path.is_file():
-        raise ValueError(f"serving preset {str(raw)!r} not found (looked for {path})")
-    return path
-
-
 def load_preset(name_or_path: str | os.PathLike | None = None) -> ServingPreset:
-    """Read and validate a preset; a bad key or value raises ValueError naming it."""
-    path = preset_path(name_or_path)
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a preset is a mapping with `engine:` and `service:` sections")
+    """An explicit preset, else $PAGEDSERVE_CONFIG, else config/default.yaml; a bad key or
+    value raises ParamError naming it."""
+    raw = name_or_path or os.environ.get(CONFIG_ENV) or DEFAULT_PRESET
+    data = read_preset(raw)
     engine = EngineConfig.create(**(data.get("engine") or {}))
     try:
         return ServingPreset(engine=engine, service=data.get("service") or {},
                              **{k: v for k, v in data.items() if k not in ("engine", "service")})
     except ValidationError as e:
-        msgs = [f"{'.'.join(str(p) for p in err['loc']) or 'preset'}: {err['msg']}" for err in e.errors()]
-        raise ValueError(f"invalid serving preset {path}: " + "; ".join(msgs)) from None
+        errs = e.errors()
+        msgs = [f"{'.'.join(str(p) for p in err['loc']) or 'preset'}: {err['msg']}" for err in errs]
+        where = ".".join(str(p) for p in errs[0]["loc"]) or "preset"
+        raise ParamError(where, f"invalid serving preset {raw}: " + "; ".join(msgs)) from None

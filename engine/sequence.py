@@ -1,4 +1,4 @@
-"""A request's state inside the engine: one sequence being generated."""
+"""One sequence being generated: a user request with n samples owns n of them."""
 
 from __future__ import annotations
 
@@ -18,13 +18,15 @@ class Status(enum.Enum):
 
 
 @dataclass(eq=False)
-class Request:
-    """One sequence. `token_ids` is everything known (prompt, then outputs);
-    `num_computed_tokens` is how much of it already sits in the KV cache. Each step
-    the scheduler closes the gap between the two: there is no separate prefill phase.
+class Sequence:
+    """`token_ids` is everything known (prompt, then outputs); `num_computed_tokens` is
+    how much of it already sits in the KV cache. Each step the scheduler closes the gap
+    between the two: there is no separate prefill phase.
     """
 
-    request_id: str
+    seq_id: int  # unique within the engine; block tables are keyed by it
+    request_id: str  # the user request this sequence belongs to
+    index: int  # which of the request's n samples
     prompt_token_ids: list[int]
     params: SamplingParams
     generator: torch.Generator | None = None

@@ -2,7 +2,7 @@
 
 Nothing here knows about HTTP frameworks: it takes validated protocol models and returns
 protocol models or an async iterator of Server-Sent Event strings, and raises APIError
-with the status and OpenAI error fields to send. service.py does the HTTP.
+with the status and OpenAI error fields to send. engine/serving/app.py does the HTTP.
 
 A streamed request is primed before it is returned: its first delta is awaited here,
 so a request the engine rejects (a prompt longer than max_model_len, say) is a clean
@@ -12,62 +12,26 @@ so a request the engine rejects (a prompt longer than max_model_len, say) is a c
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.async_llm import AsyncLLM, CompletionDelta, EngineDeadError, StreamOutput
-from engine.protocol import (
+from engine.llm import apply_chat_template
+from engine.outputs import CompletionDelta
+from engine.sampler import TokenLogprobs
+from engine.sampling_params import SamplingParams
+from engine.serving.async_llm import AsyncLLM, StreamOutput
+from engine.serving.errors import APIError, bad_request, to_api_error
+from engine.serving.protocol import (
     ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
     ChatMessage, ChatResponseMessage, ChatStreamChoice, ChatTokenLogprob, CompletionChoice, CompletionChunk,
     CompletionLogprobs, CompletionRequest, CompletionResponse, DeltaMessage, DetokenizeRequest,
-    DetokenizeResponse, ErrorDetail, ErrorResponse, ModelCard, ModelList, SamplingFields, TokenizeRequest,
-    TokenizeResponse, TopLogprob, UsageInfo, random_id,
+    DetokenizeResponse, ModelCard, ModelList, SamplingFields, TokenizeRequest, TokenizeResponse, TopLogprob,
+    UsageInfo, random_id,
 )
-from engine.sampler import TokenLogprobs
-from engine.sampling_params import SamplingParams
 
 DONE = "data: [DONE]\n\n"
-
-
-class APIError(Exception):
-    """An error to send as OpenAI's {"error": {...}} with this HTTP status."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.detail = ErrorDetail(message=message, type=type, param=param, code=code)
-
-    def body(self) -> dict[str, Any]:
-        return ErrorResponse(error=self.detail).model_dump()
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, "invalid_request_error", param, code)
-
-
-_SAMPLING_FIELD = re.compile(r"SamplingParams\.(\w+)")
-
-
-def _engine_error(exc: ValueError, prompt_param: str, logprobs_param: str) -> APIError:
-    """Name the request field an engine ValueError is about, in OpenAI's terms."""
-    msg = str(exc)
-    param: str | None = None
-    if m := _SAMPLING_FIELD.search(msg):
-        param = m.group(1)
-        msg = msg.replace("SamplingParams.", "")
-    elif msg.startswith(("prompt", "max_model_len")):
-        param = prompt_param
-    elif msg.startswith("max_tokens"):
-        param = "max_tokens"
-    elif msg.startswith("n ("):
-        param = "n"
-    if param == "logprobs":
-        param = logprobs_param
-    return bad_request(msg, param)
 
 
 def sse(model: Any) -> str:
@@ -121,19 +85,17 @@ class OpenAIServing:
         return DetokenizeResponse(prompt=self._tok.decode(req.tokens))
 
     def chat_prompt(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        if not messages:
-            raise bad_request("messages must not be empty", "messages")
         conv = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
         try:
-            out = self._tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=add_generation_prompt,
-                                                return_dict=False)
+            return apply_chat_template(self._tok, conv, add_generation_prompt)
+        except ValueError as exc:
+            raise to_api_error(exc) from None
         except Exception as exc:  # noqa: BLE001 - jinja raises its own types for bad conversations
             raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
-        return list(out["input_ids"] if isinstance(out, dict) else out)
 
     # -- sampling -------------------------------------------------------------------
     def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None,
-                        logprobs_param: str) -> SamplingParams:
+                        names: dict[str, str]) -> SamplingParams:
         """OpenAI defaults where the request is silent; SamplingParams checks the ranges."""
         kw: dict[str, Any] = {
             "n": req.n, "max_tokens": max_tokens, "seed": req.seed, "logprobs": logprobs,
@@ -150,10 +112,10 @@ class OpenAIServing:
         try:
             return SamplingParams(**kw)
         except ValueError as exc:
-            raise _engine_error(exc, "prompt", logprobs_param) from None
+            raise to_api_error(exc, names) from None
 
     async def _start(self, prompts: list[str | list[int]], params: SamplingParams, base_id: str,
-                     cache_salt: str | None, prompt_param: str, logprobs_param: str
+                     cache_salt: str | None, names: dict[str, str]
                      ) -> list[tuple[StreamOutput, AsyncIterator[StreamOutput]]]:
         """Submit every prompt and await each one's first delta; all or nothing."""
         gens = [self.llm.generate(p, params, f"{base_id}-{i}", cache_salt) for i, p in enumerate(prompts)]
@@ -161,11 +123,7 @@ class OpenAIServing:
         err = next((f for f in firsts if isinstance(f, BaseException)), None)
         if err is not None:
             await asyncio.gather(*(g.aclose() for g in gens), return_exceptions=True)
-            if isinstance(err, ValueError):
-                raise _engine_error(err, prompt_param, logprobs_param) from None
-            if isinstance(err, EngineDeadError):
-                raise APIError(503, str(err), "server_error") from None
-            raise err
+            raise to_api_error(err, names) from None
         return list(zip(firsts, gens, strict=True))  # type: ignore[arg-type]
 
     # -- chat -----------------------------------------------------------------------
@@ -176,20 +134,18 @@ class OpenAIServing:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        param_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        try:
-            params = self.sampling_params(req, max_tokens, logprobs, "top_logprobs")
-        except APIError as e:
-            e.detail.param = param_name if e.detail.param == "max_tokens" else e.detail.param
-            raise
+        names = {"prompt": "messages", "logprobs": "top_logprobs"}
+        if req.max_completion_tokens is not None:
+            names["max_tokens"] = "max_completion_tokens"
+        params = self.sampling_params(req, max_tokens, logprobs, names)
         rid = random_id("chatcmpl")
-        [(first, gen)] = await self._start([prompt], params, rid, req.cache_salt, "messages", "top_logprobs")
+        [(first, gen)] = await self._start([prompt], params, rid, req.cache_salt, names)
         if req.stream:
             return self._chat_stream(rid, first, gen, req.n, req.include_usage)
         choices = [_Choice() for _ in range(req.n)]
         last = await _collect([(first, gen)], choices, 0, req.n)
         return ChatCompletionResponse(
-            id=rid, model=self.model_name, usage=_usage(last, choices),
+            id=rid, model=self.model_name, usage=_usage([last], choices),
             choices=[ChatChoice(index=i, message=ChatResponseMessage(content=c.text),
                                 logprobs=self._chat_logprobs(c.logprobs) if logprobs is not None else None,
                                 finish_reason=c.finish_reason, stop_reason=c.stop_reason)
@@ -214,7 +170,7 @@ class OpenAIServing:
                     yield chunk([ChatStreamChoice(index=d.index, delta=DeltaMessage(content=d.text), logprobs=lp,
                                                   finish_reason=d.finish_reason, stop_reason=d.stop_reason)])
             if include_usage:
-                yield chunk([], _usage(out, choices))
+                yield chunk([], _usage([out], choices))
             yield DONE
         finally:
             await gen.aclose()  # type: ignore[attr-defined]
@@ -244,23 +200,17 @@ class OpenAIServing:
         if req.echo and req.logprobs is not None:
             raise bad_request("echo together with logprobs is not supported", "echo")
         prompts = _prompt_list(req.prompt)
-        params = self.sampling_params(req, req.max_tokens, req.logprobs, "logprobs")
+        params = self.sampling_params(req, req.max_tokens, req.logprobs, {})
         rid = random_id("cmpl")
-        started = await self._start(prompts, params, rid, req.cache_salt, "prompt", "logprobs")
+        started = await self._start(prompts, params, rid, req.cache_salt, {})
         n, total = req.n, req.n * len(prompts)
         echoes = [self._echo(p) if req.echo else "" for p in prompts]
         if req.stream:
             return self._completion_stream(rid, started, n, echoes, req.include_usage, req.logprobs is not None)
         choices = [_Choice() for _ in range(total)]
         outs = await asyncio.gather(*(_collect([s], choices, i * n, n) for i, s in enumerate(started)))
-        usage = UsageInfo()
-        for i, out in enumerate(outs):
-            u = _usage(out, choices[i * n:(i + 1) * n])
-            usage.prompt_tokens += u.prompt_tokens
-            usage.completion_tokens += u.completion_tokens
-        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
         return CompletionResponse(
-            id=rid, model=self.model_name, usage=usage,
+            id=rid, model=self.model_name, usage=_usage(outs, choices),
             choices=[CompletionChoice(index=i, text=echoes[i // n] + c.text,
                                       logprobs=self._completion_logprobs(c.logprobs, 0)
                                       if req.logprobs is not None else None,
@@ -290,13 +240,8 @@ class OpenAIServing:
                         CompletionChoice(index=idx, text=prefix + d.text, logprobs=lp, finish_reason=d.finish_reason,
                                          stop_reason=d.stop_reason)]))
             if include_usage:
-                usage = UsageInfo()
-                for p, out in lasts.items():
-                    u = _usage(out, choices[p * n:(p + 1) * n])
-                    usage.prompt_tokens += u.prompt_tokens
-                    usage.completion_tokens += u.completion_tokens
-                usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
-                yield sse(CompletionChunk(id=rid, created=created, model=self.model_name, choices=[], usage=usage))
+                yield sse(CompletionChunk(id=rid, created=created, model=self.model_name, choices=[],
+                                          usage=_usage(list(lasts.values()), choices)))
             yield DONE
         finally:
             await asyncio.gather(*(g.aclose() for _, g in started), return_exceptions=True)  # type: ignore
@@ -388,7 +333,8 @@ async def _merge(started: list[tuple[StreamOutput, AsyncIterator[StreamOutput]]]
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _usage(out: StreamOutput, choices: list[_Choice]) -> UsageInfo:
-    prompt = len(out.prompt_token_ids)
+def _usage(outs: list[StreamOutput], choices: list[_Choice]) -> UsageInfo:
+    """Each prompt counts once, however many samples it had."""
+    prompt = sum(len(out.prompt_token_ids) for out in outs)
     completion = sum(c.tokens for c in choices)
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

@@ -5,12 +5,12 @@ run on the event loop. One engine thread owns it: it applies queued adds and abo
 between steps, steps while there is work, and sleeps on the command queue when idle.
 Outputs cross back to each request's event loop with call_soon_threadsafe.
 
-Engine outputs are cumulative. A consumer that falls behind only needs the latest one,
-so a stream coalesces what piled up and turns it into one delta: slow clients cost no
-memory and never see a token twice.
+Every engine output carries what its step added. A consumer that falls behind folds
+what piled up into one delta per sequence, so a slow client sees each token once and
+costs nothing that grows with the text so far.
 
 Failure rules, which the HTTP layer relies on:
-- add_request's ValueError (a request that can never run) is raised from the caller's
+- add_request's ParamError (a request that can never run) is raised from the caller's
   `generate` before anything is yielded, and touches no other request;
 - a consumer that stops iterating (client gone, task cancelled) aborts its request,
   which frees its KV blocks at the next step boundary;
@@ -27,14 +27,16 @@ import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from engine.engine import LLMEngine
-from engine.metrics import EngineMetrics
-from engine.outputs import RequestOutput
-from engine.sampler import TokenLogprobs
+from engine.engine import LLMEngine, StepOutput
+from engine.outputs import CompletionDelta, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats
+
+if TYPE_CHECKING:
+    from engine.serving.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -44,50 +46,30 @@ class EngineDeadError(RuntimeError):
 
 
 @dataclass
-class CompletionDelta:
-    """What one sequence produced since the last delta the consumer saw."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprobs] | None
-    finish_reason: str | None  # set once, on the delta that finishes the sequence
-    stop_reason: int | str | None = None
-
-
-@dataclass
 class StreamOutput:
-    """One item of a request's stream: the changed sequences' deltas plus the cumulative output."""
+    """One item of a request's stream: the changed sequences' deltas plus the latest state."""
 
     request_id: str
     prompt_token_ids: list[int]
     deltas: list[CompletionDelta]
     finished: bool
-    output: RequestOutput  # cumulative, as the engine reported it
+    output: RequestOutput  # the latest engine output, cumulative fields included
     num_cached_tokens: int = 0
 
-
-@dataclass
-class _DeltaTracker:
-    """Per-request consumer-side memory of what was already handed out."""
-
-    seen: dict[int, tuple[int, int, bool]] = field(default_factory=dict)  # index -> (chars, tokens, done)
-
-    def delta(self, out: RequestOutput) -> StreamOutput:
-        deltas = []
-        for comp in out.outputs:
-            chars, toks, done = self.seen.get(comp.index, (0, 0, False))
-            if len(comp.text) == chars and len(comp.token_ids) == toks and comp.finished == done:
-                continue
-            deltas.append(CompletionDelta(
-                comp.index, comp.text[chars:], comp.token_ids[toks:],
-                comp.logprobs[toks:] if comp.logprobs is not None else None,
-                comp.finish_reason if comp.finished and not done else None,
-                comp.stop_reason if comp.finished and not done else None,
-            ))
-            self.seen[comp.index] = (len(comp.text), len(comp.token_ids), comp.finished)
-        return StreamOutput(out.request_id, out.prompt_token_ids, deltas, out.finished, out,
-                            out.num_cached_tokens)
+    @classmethod
+    def fold(cls, outs: list[RequestOutput]) -> StreamOutput:
+        """Several outputs of one request, oldest first, as one item."""
+        merged: dict[int, CompletionDelta] = {}
+        for out in outs:
+            for d in out.deltas:
+                if d.index in merged:
+                    merged[d.index].extend(d)
+                else:
+                    merged[d.index] = replace(d, token_ids=list(d.token_ids),
+                                              logprobs=None if d.logprobs is None else list(d.logprobs))
+        last = outs[-1]
+        return cls(last.request_id, last.prompt_token_ids, list(merged.values()), last.finished, last,
+                   last.num_cached_tokens)
 
 
 class _Stream:
@@ -121,6 +103,11 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _Stats:
+    answer: concurrent.futures.Future
+
+
 class _Stop:
     pass
 
@@ -131,12 +118,13 @@ class AsyncLLM:
     def __init__(self, engine: LLMEngine, metrics: EngineMetrics | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
-        self._cmds: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
+        self._cmds: queue.SimpleQueue[_Add | _Abort | _Stats | _Stop] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}  # engine thread only
         self._lock = threading.Lock()  # orders submissions against death
         self._dead: BaseException | None = None
-        self._stats: dict[str, Any] = {}
-        self._refresh_stats()
+        self._last_stats = engine.stats()  # what stats() answers once the loop is gone
+        if metrics is not None:
+            metrics.record_start(self._last_stats)
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -157,9 +145,23 @@ class AsyncLLM:
     def error(self) -> BaseException | None:
         return self._dead
 
-    def stats(self) -> dict[str, Any]:
-        """The engine's stats as of the last step boundary (never read mid-step)."""
-        return {**self._stats, "engine_alive": self.is_alive}
+    def stats(self, timeout: float = 30.0) -> dict[str, Any]:
+        """The engine's stats, read on the engine thread between two steps, plus liveness.
+
+        Computed when asked, never per step; a dead loop answers with its last reading.
+        """
+        stats = self._last_stats
+        answer: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            alive = self._dead is None
+            if alive:
+                self._cmds.put(_Stats(answer))
+        if alive:
+            try:
+                stats = answer.result(timeout)
+            except (concurrent.futures.TimeoutError, EngineDeadError):
+                pass
+        return {**asdict(stats), "engine_alive": self.is_alive}
 
     # -- requests -------------------------------------------------------------------
     async def generate(
@@ -171,7 +173,7 @@ class AsyncLLM:
     ) -> AsyncIterator[StreamOutput]:
         """Queue a request and yield its deltas until it finishes.
 
-        Raises the engine's ValueError before the first item when the request is invalid,
+        Raises the engine's ParamError before the first item when the request is invalid,
         and EngineDeadError if the engine loop is or becomes dead. Leaving the loop early
         (break, cancellation, a disconnected client) aborts the request.
         """
@@ -182,16 +184,16 @@ class AsyncLLM:
         finished = False
         try:
             await asyncio.wrap_future(added)
-            tracker = _DeltaTracker()
             while not finished:
-                item = await stream.queue.get()
-                while not isinstance(item, BaseException) and not stream.queue.empty():
-                    item = stream.queue.get_nowait()  # cumulative: only the latest matters
-                if isinstance(item, BaseException):
+                items = [await stream.queue.get()]
+                while not isinstance(items[-1], BaseException) and not stream.queue.empty():
+                    items.append(stream.queue.get_nowait())  # a slow reader: fold what piled up
+                if isinstance(items[-1], BaseException):
                     finished = True  # the engine already dropped it
-                    raise item
-                finished = item.finished
-                yield tracker.delta(item)
+                    raise items[-1]
+                out = StreamOutput.fold(items)  # type: ignore[arg-type]
+                finished = out.finished
+                yield out
         finally:
             # Not when the add itself failed: the id may belong to someone else's request.
             if not finished and not _failed(added):
@@ -218,8 +220,9 @@ class AsyncLLM:
         try:
             while self._apply(block=not self.engine.has_unfinished()):
                 if self.engine.has_unfinished():
-                    self._publish(self.engine.step())
-                self._refresh_stats()
+                    step = self.engine.step()
+                    self._record(step)
+                    self._publish(step.outputs)
         except BaseException as exc:  # noqa: BLE001 - whatever kills the loop must reach the waiters
             logger.exception("engine loop died")
             self._die(exc)
@@ -229,17 +232,17 @@ class AsyncLLM:
     def _apply(self, block: bool) -> bool:
         """Apply every queued command; wait for one first when idle. False means stop."""
         cmds = [self._cmds.get()] if block else []
-        while True:
-            try:
-                cmds.append(self._cmds.get_nowait())
-            except queue.Empty:
-                break
+        cmds += self._drain()
         for cmd in cmds:
             if isinstance(cmd, _Stop):
                 return False
-            if isinstance(cmd, _Abort):
+            if isinstance(cmd, _Stats):
+                self._last_stats = self.engine.stats()
+                cmd.answer.set_result(self._last_stats)
+            elif isinstance(cmd, _Abort):
                 out = self.engine.abort(cmd.request_id)
                 if out is not None:
+                    self._record(StepOutput([out], self.engine.gauges()))
                     self._publish([out])
             elif cmd.added.set_running_or_notify_cancel():  # False: caller gave up before we got here
                 try:
@@ -249,42 +252,39 @@ class AsyncLLM:
                 else:
                     self._streams[cmd.request_id] = cmd.stream
                     cmd.added.set_result(None)
-        if cmds:
-            self._refresh_stats()
         return True
 
-    def _publish(self, outputs: list[RequestOutput]) -> None:
+    def _record(self, step: StepOutput) -> None:
         if self.metrics is not None:
             try:
-                self.metrics.record_outputs(outputs)
+                self.metrics.record_step(step)
             except Exception:  # noqa: BLE001 - metrics must never take serving down
                 logger.exception("recording metrics failed")
+
+    def _publish(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
             if stream is not None and not stream.put(out) and not out.finished:
                 self._streams.pop(out.request_id, None)
                 self.engine.abort(out.request_id)  # nobody is listening any more
 
-    def _refresh_stats(self) -> None:
-        self._stats = self.engine.stats()
-        if self.metrics is not None:
+    def _drain(self) -> list[_Add | _Abort | _Stats | _Stop]:
+        cmds = []
+        while True:
             try:
-                self.metrics.record_stats(self._stats)
-            except Exception:  # noqa: BLE001
-                logger.exception("recording metrics failed")
+                cmds.append(self._cmds.get_nowait())
+            except queue.Empty:
+                return cmds
 
     def _die(self, exc: BaseException) -> None:
         with self._lock:
             self._dead = exc
-            pending = []
-            while True:
-                try:
-                    pending.append(self._cmds.get_nowait())
-                except queue.Empty:
-                    break
+            pending = self._drain()
         for cmd in pending:
             if isinstance(cmd, _Add) and cmd.added.set_running_or_notify_cancel():
                 cmd.added.set_exception(EngineDeadError(f"the engine loop is dead: {exc!r}"))
+            elif isinstance(cmd, _Stats):
+                cmd.answer.set_result(self._last_stats)
         for stream in self._streams.values():
             err = EngineDeadError(f"the engine loop is dead: {exc!r}")
             err.__cause__ = exc

@@ -12,16 +12,19 @@ what the deprecated `bentoml.metrics` shim does too). Gauges therefore declare h
 processes combine: counts sum over live workers, usage takes the most loaded one.
 
 All recording happens on the engine thread (AsyncLLM), one call per step, so the
-per-request bookkeeping here needs no lock.
+per-request bookkeeping here needs no lock. Steps report deltas and counter
+increments, so nothing here re-derives what the engine already knew.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from engine.engine import StepOutput
 from engine.outputs import RequestOutput
+from engine.stats import EngineStats, StepStats
 
 PREFIX = "pagedserve"
 
@@ -36,9 +39,8 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
 
 @dataclass
 class _Seen:
-    """What the metrics already counted for one live request."""
+    """What the metrics remember of one live request between its steps."""
 
-    tokens: list[int] = field(default_factory=list)  # per completion index
     first_token: bool = False
     last_token_time: float = 0.0
 
@@ -86,19 +88,26 @@ class EngineMetrics:
         self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduling.",
                                     REQUEST_BUCKETS)
         self._seen: dict[str, _Seen] = {}
-        self._last_stats: dict[str, float | int] = {}
+
+    def record_start(self, stats: EngineStats) -> None:
+        """The pool's size and the gauges before the first step."""
+        self.blocks_total.set(stats.blocks_total)
+        for gauge, value in ((self.running, stats.num_running), (self.waiting, stats.num_waiting),
+                             (self.kv_usage, stats.kv_cache_usage), (self.blocks_free, stats.blocks_free),
+                             (self.blocks_shared, stats.blocks_shared),
+                             (self.blocks_cached_free, stats.blocks_cached_free)):
+            gauge.set(value)
+
+    def record_step(self, step: StepOutput, now: float | None = None) -> None:
+        self.record_outputs(step.outputs, now)
+        self.record_stats(step.stats)
 
     def record_outputs(self, outputs: list[RequestOutput], now: float | None = None) -> None:
-        """Count new tokens and observe latencies from one step's (cumulative) outputs."""
+        """Count new tokens and observe latencies from one step's outputs."""
         now = time.monotonic() if now is None else now
         for out in outputs:
             seen = self._seen.setdefault(out.request_id, _Seen())
-            new = 0
-            for comp in out.outputs:
-                while len(seen.tokens) <= comp.index:
-                    seen.tokens.append(0)
-                new += len(comp.token_ids) - seen.tokens[comp.index]
-                seen.tokens[comp.index] = len(comp.token_ids)
+            new = sum(len(d.token_ids) for d in out.deltas)
             m = out.metrics
             if new > 0:
                 self.generation_tokens.inc(new)
@@ -124,22 +133,19 @@ class EngineMetrics:
         if m is not None and reason != "abort":
             self.e2e.observe((m.finished_time or now) - m.arrival_time)
 
-    def record_stats(self, stats: dict[str, float | int]) -> None:
-        """Set gauges from engine.stats() and advance counters by its cumulative totals' growth."""
-        self.running.set(stats["num_running"])
-        self.waiting.set(stats["num_waiting"])
-        self.kv_usage.set(stats["kv_cache_usage"])
-        self.blocks_total.set(stats["blocks_total"])
-        self.blocks_free.set(stats["blocks_free"])
-        self.blocks_shared.set(stats["blocks_shared"])
-        self.blocks_cached_free.set(stats["blocks_cached_free"])
-        for key, counter in (("prefix_cache_query_tokens", self.prefix_queries),
-                             ("prefix_cache_hit_tokens", self.prefix_hits),
-                             ("num_preemptions", self.preemptions)):
-            grown = stats[key] - self._last_stats.get(key, 0)
+    def record_stats(self, stats: StepStats) -> None:
+        """Set the gauges and advance the counters by one step's increments."""
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_cache_usage)
+        self.blocks_free.set(stats.blocks_free)
+        self.blocks_shared.set(stats.blocks_shared)
+        self.blocks_cached_free.set(stats.blocks_cached_free)
+        for grown, counter in ((stats.prefix_cache_query_tokens, self.prefix_queries),
+                               (stats.prefix_cache_hit_tokens, self.prefix_hits),
+                               (stats.preemptions, self.preemptions)):
             if grown > 0:
                 counter.inc(grown)
-        self._last_stats = dict(stats)
 
 
 _CACHE: dict[str, EngineMetrics] = {}

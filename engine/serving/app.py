@@ -1,0 +1,226 @@
+"""The OpenAI HTTP surface as a Starlette app: routes, body parsing, errors and API keys.
+
+The routes live in a small ASGI app rather than in BentoML API methods: OpenAI clients
+need exact paths, OpenAI's error object on every 4xx (including malformed JSON, which
+BentoML would answer in its own shape) and text/event-stream bodies. A client that
+hangs up aborts its request, so its KV blocks are freed at the next step.
+
+The app does not own the engine: `create_app` takes a function that returns the live
+OpenAIServing (or None before it exists), so the service decides where that lives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine.serving.errors import APIError, bad_request, to_api_error
+from engine.serving.handlers import OpenAIServing
+from engine.serving.protocol import (
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+)
+
+logger = logging.getLogger(__name__)
+
+API_KEY_ENV = "LLM_API_KEY"
+PROTECTED_PREFIXES = ("/v1/", "/generate", "/chat")  # everything that spends the model's time
+
+GetServing = Callable[[], "OpenAIServing | None"]
+Handler = Callable[[OpenAIServing, bytes], Awaitable[Any]]
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def parse(body: bytes, model: type[BaseModel]) -> Any:
+    """JSON and schema errors become OpenAI 400s naming the offending field."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        loc = _json_path(data, err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        raise bad_request(f"{loc}: {msg}" if loc else msg, loc or None) from None
+
+
+def _json_path(data: Any, loc: tuple[Any, ...]) -> str:
+    """The error's location in the client's JSON, e.g. messages[0].role.
+
+    pydantic appends union members ("str", "list[int]") to loc; those are not in the
+    client's document, so the walk stops where the document ends.
+    """
+    path, node = "", data
+    for part in loc:
+        if isinstance(part, int) and isinstance(node, list) and part < len(node):
+            path += f"[{part}]"
+        elif isinstance(part, str) and isinstance(node, dict) and part in node:
+            path += f".{part}"
+        elif isinstance(part, str) and isinstance(node, dict) and not path:
+            return part  # a missing top-level field
+        else:
+            break
+        node = node[part]
+    return path.lstrip(".")
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """Run work, cancelling it (and so aborting its requests) if the client hangs up first."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task in done:
+        return task.result()
+    raise ClientGone
+
+
+async def _sse(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Errors after the headers went out travel as an error event, as OpenAI and vLLM do."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as exc:  # noqa: BLE001
+        yield f"data: {json.dumps(to_api_error(exc).body())}\n\n"
+
+
+def _openai_route(get_serving: GetServing, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """Wrap a handler: body in, OpenAI error object or JSON or SSE out."""
+
+    async def endpoint(request: Request) -> Response:
+        serving = get_serving()
+        if serving is None or not serving.llm.is_alive:
+            return error_response(APIError(503, "the engine is not running", "server_error"))
+        body = await request.body()  # before the disconnect watcher starts reading
+        try:
+            result = await _unless_disconnected(request, handler(serving, body))
+        except ClientGone:
+            return Response(status_code=499)
+        except Exception as exc:  # noqa: BLE001
+            return error_response(to_api_error(exc))
+        if isinstance(result, BaseModel):
+            return Response(result.model_dump_json(), media_type="application/json")
+        return StreamingResponse(_sse(result), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return endpoint
+
+
+async def _chat(s: OpenAIServing, body: bytes) -> Any:
+    return await s.chat(parse(body, ChatCompletionRequest))
+
+
+async def _completions(s: OpenAIServing, body: bytes) -> Any:
+    return await s.completion(parse(body, CompletionRequest))
+
+
+async def _tokenize(s: OpenAIServing, body: bytes) -> Any:
+    return s.tokenize(parse(body, TokenizeRequest))
+
+
+async def _detokenize(s: OpenAIServing, body: bytes) -> Any:
+    return s.detokenize(parse(body, DetokenizeRequest))
+
+
+def create_app(get_serving: GetServing) -> Starlette:
+    """The OpenAI routes plus /health and /stats, over whatever get_serving returns."""
+
+    def live() -> OpenAIServing:
+        serving = get_serving()
+        if serving is None:
+            raise APIError(503, "the engine is not running", "server_error")
+        return serving
+
+    async def models(request: Request) -> Response:
+        try:
+            return Response(live().models().model_dump_json(), media_type="application/json")
+        except APIError as exc:
+            return error_response(exc)
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["model"]
+        try:
+            cards = [card for card in live().models().data if card.id == name]
+        except APIError as exc:
+            return error_response(exc)
+        if not cards:
+            return error_response(APIError(404, f"The model `{name}` does not exist.", "invalid_request_error",
+                                           "model", "model_not_found"))
+        return Response(cards[0].model_dump_json(), media_type="application/json")
+
+    async def health(request: Request) -> Response:
+        serving = get_serving()
+        alive = serving is not None and serving.llm.is_alive
+        return JSONResponse({"status": "ok" if alive else "engine dead"}, status_code=200 if alive else 503)
+
+    async def stats(request: Request) -> Response:
+        try:
+            llm = live().llm
+        except APIError as exc:
+            return error_response(exc)
+        return JSONResponse(await asyncio.to_thread(llm.stats))
+
+    return Starlette(routes=[
+        Route("/v1/chat/completions", _openai_route(get_serving, _chat), methods=["POST"]),
+        Route("/v1/completions", _openai_route(get_serving, _completions), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
+        Route("/tokenize", _openai_route(get_serving, _tokenize), methods=["POST"]),
+        Route("/detokenize", _openai_route(get_serving, _detokenize), methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/stats", stats, methods=["GET"]),
+    ])
+
+
+class APIKeyMiddleware:
+    """With $LLM_API_KEY set, model routes need `Authorization: Bearer <key>`; else 401."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.key = os.environ.get(API_KEY_ENV) or None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.key and scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES):
+            headers = dict(scope.get("headers") or [])
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            scheme, _, token = auth.partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), self.key):
+                resp = error_response(APIError(401, "Incorrect API key provided; send `Authorization: Bearer "
+                                               "<key>`.", "invalid_request_error", None, "invalid_api_key"))
+                resp.headers["WWW-Authenticate"] = "Bearer"
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

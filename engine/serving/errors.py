@@ -1,0 +1,51 @@
+"""Every failure a client can see, as an HTTP status plus OpenAI's error object.
+
+`to_api_error` is the one place that decides: the OpenAI routes, the SSE error event
+and the typed BentoML APIs all go through it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from engine.errors import ParamError
+from engine.serving.async_llm import EngineDeadError
+from engine.serving.protocol import ErrorDetail, ErrorResponse
+
+logger = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    """An error to send as OpenAI's {"error": {...}} with this HTTP status."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = ErrorDetail(message=message, type=type, param=param, code=code)
+
+    def body(self) -> dict[str, Any]:
+        return ErrorResponse(error=self.detail).model_dump()
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def to_api_error(exc: BaseException, params: Mapping[str, str] | None = None) -> APIError:
+    """Map any exception to what the client gets.
+
+    `params` renames engine field names to the request's own (SamplingParams' `logprobs`
+    is chat's `top_logprobs`, say), so `param` always points into the client's JSON.
+    """
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ParamError):
+        param = (params or {}).get(exc.param, exc.param) if exc.param else None
+        return bad_request(str(exc), param)
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, str(exc), "server_error")
+    logger.error("request failed", exc_info=exc)
+    return APIError(500, f"internal error: {exc!r}", "server_error")
