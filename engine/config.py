@@ -38,7 +38,7 @@ class EngineConfig(BaseModel):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enable_prefix_caching: bool = True
     seed: int = 0
-    attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    attention_backend: Literal["auto", "torch", "triton", "native"] = "auto"
 
     @model_validator(mode="after")
     def _check(self) -> "EngineConfig":
@@ -156,7 +156,17 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
 def _backend(name: str, device: torch.device) -> str:
     if name == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ParamError("attention_backend", "attention_backend triton on the CPU needs TRITON_INTERPRET=1; "
-                         "use auto or torch")
+                         "use auto, native or torch")
+    if name == "native" and device.type != "cpu":
+        raise ParamError("attention_backend", "attention_backend native is the CPU kernel; use triton on cuda")
+    if name in ("auto", "native") and device.type == "cpu":
+        from kernels import cpu
+
+        if cpu.available():  # builds once per machine; warns and falls back without a compiler
+            return "native"
+        if name == "native":
+            raise ParamError("attention_backend", "the native CPU kernel could not be built (see the warning)")
+        return "torch"
     return name
 
 

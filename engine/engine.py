@@ -88,6 +88,7 @@ class LLMEngine:
         model = loader.build_model(
             None if config.load_format == "dummy" else files, hf_config, self.dtype, self.device,
             max_positions=resolved.max_positions, dummy=config.load_format == "dummy", seed=config.seed,
+            fused=resolved.attention_backend == "native",  # the same native build carries the fused ops
         )
         self.kv_manager = KVCacheManager(resolved.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs, config.max_num_batched_tokens)

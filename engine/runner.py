@@ -85,6 +85,9 @@ class ModelRunner:
             prefill_block_tables=block_tables[nd:],
             prefill_query_start_loc=prefill_qsl,
             prefill_seq_lens=seq_lens_t[nd:],
+            block_tables=block_tables,
+            query_start_loc=torch.from_numpy(starts.astype(np.int32)).to(dev),
+            seq_lens=seq_lens_t,
             backend=self.backend,
         )
         return StepInput(

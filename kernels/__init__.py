@@ -1,8 +1,10 @@
 """The only way the engine touches the KV cache.
 
-Each op has a Triton kernel and a pure-torch reference. `backend="auto"` picks Triton
-on CUDA tensors and torch on the CPU; "triton" and "torch" force one (Triton on the
-CPU needs TRITON_INTERPRET=1).
+Each op has a Triton kernel and a pure-torch reference; attention also has a native
+CPU kernel (kernels/cpu.py) that serves decode and chunked prefill in one call per
+layer. `backend="auto"` picks Triton on CUDA tensors and torch on the CPU; "triton",
+"torch" and "native" force one (Triton on the CPU needs TRITON_INTERPRET=1). The engine
+resolves "auto" once at start-up, to "native" on the CPU when the kernel builds.
 
 Layouts:
   k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
@@ -18,9 +20,9 @@ import torch
 
 from kernels import reference
 
-__all__ = ["store_kv", "paged_attention_decode", "paged_attention_prefill", "copy_blocks"]
+__all__ = ["store_kv", "paged_attention", "paged_attention_decode", "paged_attention_prefill", "copy_blocks"]
 
-_BACKENDS = ("auto", "torch", "triton")
+_BACKENDS = ("auto", "torch", "triton", "native")
 
 
 def _use_triton(backend: str, t: torch.Tensor) -> bool:
@@ -81,6 +83,25 @@ def paged_attention_prefill(
     return reference.paged_attention_prefill(
         query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale
     )
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Causal attention of every sequence's new tokens (decode or prefill chunk) in one call."""
+    if backend == "native":
+        from kernels import cpu
+
+        return cpu.paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+    return paged_attention_prefill(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                                   backend)
 
 
 def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

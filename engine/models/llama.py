@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from engine.models import packed_linear
 
 
 @dataclass
@@ -31,6 +32,10 @@ class AttnMetadata:
     prefill_block_tables: torch.Tensor  # int32 [num_prefills, max_blocks]
     prefill_query_start_loc: torch.Tensor  # int32 [num_prefills + 1]
     prefill_seq_lens: torch.Tensor  # int32 [num_prefills]
+    # The whole batch at once, for kernels that take decode and prefill in one call.
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks]
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_seqs]
     backend: str = "auto"
 
 
@@ -113,7 +118,10 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
         nd = meta.num_decode_tokens
-        if nd == n:
+        if meta.backend == "native":
+            out = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
+                                          meta.seq_lens, self.scale, meta.backend)
+        elif nd == n:
             out = kernels.paged_attention_decode(
                 q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale, meta.backend
             )
@@ -145,7 +153,13 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.inter, bias=bias)
         self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=bias)
 
+        self.fused = False  # kernels.cpu.silu_mul instead of three eager passes
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            from kernels import cpu
+
+            return self.down_proj(cpu.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -161,6 +175,17 @@ class DecoderLayer(nn.Module):
     def forward(self, h, cos, sin, kv_cache, meta) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward_fused(self, residual, pending, cos, sin, kv_cache, meta) -> torch.Tensor:
+        """The same layer with each residual add fused into the norm after it: `residual`
+        is updated in place and the MLP output is returned as the next layer's `pending`."""
+        from kernels import cpu
+
+        x = cpu.add_rms_norm(pending, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+        attn = self.self_attn(x, cos, sin, kv_cache, meta)
+        x = cpu.add_rms_norm(attn, residual, self.post_attention_layernorm.weight,
+                             self.post_attention_layernorm.eps)
+        return self.mlp(x)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -178,10 +203,22 @@ class LlamaForCausalLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_cache", emb.cos(), persistent=False)
         self.register_buffer("sin_cache", emb.sin(), persistent=False)
+        self.fused = False
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.tie else self.lm_head.weight
+
+    def use_fused_ops(self) -> None:
+        """Fused residual+RMSNorm and SiLU*up from the native CPU kernels (CPU only)."""
+        self.fused = True
+        for layer in self.layers:
+            layer.mlp.fused = True
+
+    def pack_linears(self) -> None:
+        """Prepack every GEMM weight for oneDNN (CPU only; after loading, never before)."""
+        packed_linear.pack(self.layers)
+        self.head = packed_linear.PackedLinear(self.lm_head_weight, None)
 
     def forward(
         self,
@@ -195,10 +232,17 @@ class LlamaForCausalLM(nn.Module):
         h = self.embed_tokens(input_ids)
         cos = self.cos_cache[positions].to(h.dtype)[:, None, :]
         sin = self.sin_cache[positions].to(h.dtype)[:, None, :]
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            h = layer(h, cos, sin, kv_cache, meta)
+        if self.fused:
+            pending = None
+            for layer, kv_cache in zip(self.layers, kv_caches):
+                pending = layer.forward_fused(h, pending, cos, sin, kv_cache, meta)
+            h = h + pending if pending is not None else h
+        else:
+            for layer, kv_cache in zip(self.layers, kv_caches):
+                h = layer(h, cos, sin, kv_cache, meta)
         h = self.norm(h[logits_indices])
-        return F.linear(h, self.lm_head_weight).float()
+        head = getattr(self, "head", None)
+        return (head(h) if head is not None else F.linear(h, self.lm_head_weight)).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Take transformers-named tensors and fill the fused parameters from them."""

@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from engine.models import DEFAULT_MODEL_NAME, default_model_path
+from engine.models import packed_linear
 from engine.models.llama import LlamaForCausalLM
 
 SUPPORTED = {"llama", "mistral"}
@@ -137,8 +138,11 @@ def build_model(
     max_positions: int,
     dummy: bool = False,
     seed: int = 0,
+    fused: bool = False,
 ) -> LlamaForCausalLM:
-    """Instantiate our model and fill it: from the checkpoint, or randomly for `dummy`."""
+    """Instantiate our model and fill it: from the checkpoint, or randomly for `dummy`.
+
+    `fused` (CPU, with the native kernels built) swaps eager elementwise chains for fused ops."""
     torch.manual_seed(seed)
     with torch.device(device):
         model = LlamaForCausalLM(config, max_positions)
@@ -152,4 +156,9 @@ def build_model(
     else:
         assert files is not None
         model.load_weights(iter_weights(files))
-    return model.to(dtype=dtype).eval()
+    model = model.to(dtype=dtype).eval()
+    if packed_linear.supported(device, dtype):
+        model.pack_linears()
+    if fused and device.type == "cpu":
+        model.use_fused_ops()
+    return model

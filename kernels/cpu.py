@@ -1,0 +1,91 @@
+"""The native CPU kernels (csrc/): paged attention, plus the fused RMSNorm-with-residual
+and SiLU-and-multiply the dense layers use. Build, load, call.
+
+Built with torch.utils.cpp_extension on first use (or ahead of time by `make setup`,
+which runs `python -m kernels.cpu`) and cached under torch's extension directory. The
+build targets this machine's CPU (-march=native), so the cache key includes the CPU's
+flags: a cache directory shared by different machines never hands one a binary built
+for another. Without a compiler, `available()` is False after a one-line warning and
+the engine keeps the torch path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp"]
+_state: dict[str, object] = {}
+
+
+def _cpu_key() -> str:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = os.uname().machine
+    return hashlib.sha256(flags.encode()).hexdigest()[:10]
+
+
+def load() -> bool:
+    """Build (once per machine and source) and load the kernel; False if that is impossible."""
+    if "ok" in _state:
+        return bool(_state["ok"])
+    try:
+        from torch.utils import cpp_extension
+
+        cpp_extension.load(
+            name=f"pagedserve_cpu_{_cpu_key()}",
+            sources=[str(p) for p in SOURCES],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
+        _state["ok"] = True
+    except Exception as exc:  # noqa: BLE001 - any build failure means: use the torch path
+        logger.warning("native CPU attention unavailable, using the torch path: %s", str(exc).splitlines()[0])
+        _state["ok"] = False
+    return bool(_state["ok"])
+
+
+def available() -> bool:
+    return load()
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of every sequence's new tokens over its cached ones, in one call."""
+    if not load():
+        raise RuntimeError("the native CPU attention kernel could not be built")
+    return torch.ops.pagedserve.paged_attention(query, k_cache, v_cache, block_tables, query_start_loc,
+                                                seq_lens, scale)
+
+
+def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """residual += x (in place, when x is given); returns weight * rmsnorm(residual)."""
+    return torch.ops.pagedserve.add_rms_norm(x, residual, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, with gate_up = [gate | up] along the last dimension."""
+    return torch.ops.pagedserve.silu_mul(gate_up)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    ok = load()
+    print("native CPU attention:", "built" if ok else "unavailable (the torch path will be used)")

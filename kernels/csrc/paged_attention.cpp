@@ -1,0 +1,320 @@
+// Paged attention on the CPU: one call per layer for every sequence of the step, decode
+// and chunked prefill alike. K/V are read in place through the block table (no gather
+// copy), each KV block is converted to fp32 once and shared by every query row of the
+// work item (all query heads of a KV head, for a chunk of query tokens), and softmax is
+// online with fp32 accumulation. Work items are (sequence, KV head, query chunk, KV
+// split); splits of long contexts keep both cores busy when the batch is small, and
+// are merged with their log-sum-exp weights at the end.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int kMaxDim = 256;
+constexpr int kQChunk = 16;     // query tokens per work item
+
+struct Item {
+  int seq, q0, q1, kv0, kv1, part;
+};
+
+template <typename T>
+inline float to_f(T x) { return static_cast<float>(x); }
+
+// exp for the softmax, written so the compiler vectorizes it (libm's expf stays scalar
+// without -ffast-math): 2^n * e^f with |f| <= ln2/2 and a degree-6 polynomial, relative
+// error about 2e-7, i.e. fp32 rounding. Inputs below -87 flush to 0.
+inline float fast_exp(float x) {
+  x = std::max(x, -87.f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float f = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  float p = 1.f / 720.f;
+  p = p * f + 1.f / 120.f;
+  p = p * f + 1.f / 24.f;
+  p = p * f + 1.f / 6.f;
+  p = p * f + 0.5f;
+  p = p * f + 1.f;
+  p = p * f + 1.f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// Four independent 8-lane partial sums: one accumulator would chain every FMA on the
+// previous one and run at FMA latency instead of throughput.
+inline float dot(const float* a, const float* b, int D) {
+  float acc[4][8] = {};
+  int d = 0;
+  for (; d + 32 <= D; d += 32)
+    for (int k = 0; k < 4; ++k)
+#pragma omp simd
+      for (int i = 0; i < 8; ++i) acc[k][i] += a[d + 8 * k + i] * b[d + 8 * k + i];
+  float s = 0.f;
+  for (; d < D; ++d) s += a[d] * b[d];
+  for (int i = 0; i < 8; ++i) s += (acc[0][i] + acc[1][i]) + (acc[2][i] + acc[3][i]);
+  return s;
+}
+
+// A cache row in fp32: the row itself when the cache is fp32, else converted into buf.
+template <typename scalar_t>
+inline const float* row_f32(const scalar_t* src, float* buf, int n) {
+  if constexpr (std::is_same<scalar_t, float>::value) {
+    return src;
+  } else {
+#pragma omp simd
+    for (int d = 0; d < n; ++d) buf[d] = static_cast<float>(src[d]);
+    return buf;
+  }
+}
+
+// One work item: rows = query tokens [q0, q1) x all H query heads (row i * H + h),
+// keys [kv0, kv1). Each block is streamed once, token by token across all KV heads,
+// so the reads are sequential; every query head of a KV head reuses the row in L1.
+// Writes the unnormalised acc, the running max m and the sum l per row.
+template <typename scalar_t, int BS>
+void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
+            const int32_t* table, int seq_len, int q_start, int q_len, int H, int Hkv, int D,
+            float scale, float* acc, float* m, float* l) {
+  const int G = H / Hkv;
+  const int nq = it.q1 - it.q0;
+  const int R = nq * H;
+  std::vector<float> qf(static_cast<size_t>(R) * D);  // query rows in fp32, pre-scaled
+  std::vector<float> s(static_cast<size_t>(R) * BS);  // this block's scores, then probabilities
+  const scalar_t* q0 = q + static_cast<int64_t>(q_start + it.q0) * H * D;
+  for (int64_t x = 0; x < static_cast<int64_t>(R) * D; ++x) qf[x] = to_f(q0[x]) * scale;
+  for (int r = 0; r < R; ++r) {
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.f;
+  }
+  std::fill(acc, acc + static_cast<int64_t>(R) * D, 0.f);
+
+  alignas(64) float buf[kMaxDim];
+  std::vector<float> kt(nq > 1 ? static_cast<size_t>(D) * BS : 0);  // one head's K block, [D][BS]
+  const int64_t tok_stride = static_cast<int64_t>(Hkv) * D;
+  const int64_t blk_stride = tok_stride * BS;
+  const int first_pos = seq_len - q_len + it.q0;  // causal: query token i sits at first_pos + i
+
+  for (int kv = it.kv0; kv < it.kv1;) {
+    const int blk = kv / BS, off = kv % BS;
+    const int n = std::min(BS - off, it.kv1 - kv);
+    const scalar_t* kb = kc + table[blk] * blk_stride + off * tok_stride;
+    const scalar_t* vb = vc + table[blk] * blk_stride + off * tok_stride;
+    // Scores: s[r][t] for every row and key of the block (masked keys never read later).
+    if (nq == 1) {  // decode: stream the block once, a dot per (key, query head)
+      for (int t = 0; t < n; ++t)
+        for (int g = 0; g < Hkv; ++g) {
+          const float* kr = row_f32(kb + t * tok_stride + g * D, buf, D);
+          for (int j = 0; j < G; ++j) {
+            const int r = g * G + j;
+            s[r * BS + t] = dot(qf.data() + static_cast<int64_t>(r) * D, kr, D);
+          }
+        }
+    } else {  // prefill: K transposed per head, then 4 query rows x BS keys at a time
+      for (int g = 0; g < Hkv; ++g) {
+        for (int t = 0; t < BS; ++t) {
+          if (t < n) {
+            const scalar_t* kr = kb + t * tok_stride + g * D;
+            for (int d = 0; d < D; ++d) kt[static_cast<size_t>(d) * BS + t] = to_f(kr[d]);
+          } else {
+            for (int d = 0; d < D; ++d) kt[static_cast<size_t>(d) * BS + t] = 0.f;
+          }
+        }
+        const int rows_g = nq * G;  // row k of this head: token k / G, head g * G + k % G
+        for (int k0 = 0; k0 < rows_g; k0 += 4) {
+          const int kn = std::min(4, rows_g - k0);
+          const float* qr[4];
+          int rr[4];
+          for (int k = 0; k < 4; ++k) {
+            const int kk = k0 + std::min(k, kn - 1);
+            rr[k] = (kk / G) * H + g * G + kk % G;
+            qr[k] = qf.data() + static_cast<int64_t>(rr[k]) * D;
+          }
+          float s4[4][BS] = {};
+          for (int d = 0; d < D; ++d) {
+            const float* kd = kt.data() + d * BS;
+            for (int k = 0; k < 4; ++k) {
+              const float qd = qr[k][d];
+#pragma omp simd
+              for (int t = 0; t < BS; ++t) s4[k][t] += qd * kd[t];
+            }
+          }
+          for (int k = 0; k < kn; ++k) std::copy(s4[k], s4[k] + BS, s.data() + rr[k] * BS);
+        }
+      }
+    }
+    // Online softmax per row: rescale only when the running max grows.
+    for (int i = 0; i < nq; ++i) {
+      const int visible = std::max(0, std::min(n, first_pos + i - kv + 1));
+      for (int h = 0; h < H; ++h) {
+        const int r = i * H + h;
+        float* sr = s.data() + r * BS;
+        if (visible == 0) {  // a block wholly after this query: nothing from it
+          std::fill(sr, sr + BS, 0.f);
+          continue;
+        }
+        float mx = m[r];
+        for (int t = 0; t < visible; ++t) mx = std::max(mx, sr[t]);
+        if (mx > m[r]) {
+          const float c = fast_exp(m[r] - mx);
+          l[r] *= c;
+          float* ar = acc + static_cast<int64_t>(r) * D;
+#pragma omp simd
+          for (int d = 0; d < D; ++d) ar[d] *= c;
+          m[r] = mx;
+        }
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int t = 0; t < BS; ++t) {
+          const float p = t < visible ? fast_exp(sr[t] - mx) : 0.f;
+          sr[t] = p;
+          sum += p;
+        }
+        l[r] += sum;
+      }
+    }
+    // acc += P V, again streaming the block's V rows once.
+    for (int t = 0; t < n; ++t)
+      for (int g = 0; g < Hkv; ++g) {
+        const float* vr = row_f32(vb + t * tok_stride + g * D, buf, D);
+        for (int i = 0; i < nq; ++i)
+          for (int j = 0; j < G; ++j) {
+            const int r = i * H + g * G + j;
+            const float p = s[r * BS + t];
+            if (p == 0.f) continue;
+            float* ar = acc + static_cast<int64_t>(r) * D;
+#pragma omp simd
+            for (int d = 0; d < D; ++d) ar[d] += p * vr[d];
+          }
+      }
+    kv += n;
+  }
+}
+
+template <typename scalar_t>
+void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& tables,
+         const at::Tensor& qsl, const at::Tensor& lens, double scale, at::Tensor& out) {
+  const int S = lens.size(0), H = q.size(1), D = q.size(2);
+  const int BS = kc.size(1), Hkv = kc.size(2);
+  const int64_t width = tables.size(1);
+  const int32_t* qs = qsl.data_ptr<int32_t>();
+  const int32_t* ls = lens.data_ptr<int32_t>();
+
+  // Work items; long contexts are split so that small batches still fill every thread.
+  const int threads = at::get_num_threads();
+  int64_t base_items = 0;
+  int max_len = 0;
+  for (int i = 0; i < S; ++i) {
+    base_items += (qs[i + 1] - qs[i] + kQChunk - 1) / kQChunk;
+    max_len = std::max(max_len, ls[i]);
+  }
+  int split_len = std::numeric_limits<int>::max();
+  if (base_items < 4 * threads && max_len > 256) {
+    const int64_t want = (4 * threads + base_items - 1) / std::max<int64_t>(base_items, 1);
+    split_len = std::max(128, static_cast<int>((max_len + want - 1) / want));
+    split_len = (split_len + BS - 1) / BS * BS;  // whole blocks
+  }
+  std::vector<Item> items;
+  for (int i = 0; i < S; ++i) {
+    const int nq = qs[i + 1] - qs[i];
+    for (int q0 = 0; q0 < nq; q0 += kQChunk) {
+      const int q1 = std::min(nq, q0 + kQChunk);
+      const int kv_end = ls[i] - nq + q1;  // the chunk's last query sees keys [0, kv_end)
+      const int parts = 1 + (kv_end - 1) / split_len;  // kv_end >= 1: a query sees itself
+      for (int p = 0; p < parts; ++p)
+        items.push_back({i, q0, q1, p * split_len, std::min(kv_end, (p + 1) * split_len), p});
+    }
+  }
+  const int64_t n_items = items.size();
+  const int64_t rows = static_cast<int64_t>(kQChunk) * H;
+  std::vector<float> acc(n_items * rows * D), m(n_items * rows), l(n_items * rows);
+
+  const scalar_t* qp = q.data_ptr<scalar_t>();
+  const scalar_t* kp = kc.data_ptr<scalar_t>();
+  const scalar_t* vp = vc.data_ptr<scalar_t>();
+  const int32_t* tp = tables.data_ptr<int32_t>();
+  at::parallel_for(0, n_items, 1, [&](int64_t begin, int64_t end) {
+    auto fn = BS == 8 ? attend<scalar_t, 8> : BS == 16 ? attend<scalar_t, 16> : attend<scalar_t, 32>;
+    for (int64_t w = begin; w < end; ++w) {
+      const Item& it = items[w];
+      fn(it, qp, kp, vp, tp + it.seq * width, ls[it.seq], qs[it.seq], qs[it.seq + 1] - qs[it.seq], H, Hkv,
+         D, static_cast<float>(scale), acc.data() + w * rows * D, m.data() + w * rows, l.data() + w * rows);
+    }
+  });
+
+  // Merge each (seq, chunk)'s splits with their log-sum-exp weights; normalise; write.
+  std::vector<int64_t> groups;
+  for (int64_t w = 0; w < n_items; ++w)
+    if (items[w].part == 0) groups.push_back(w);
+  groups.push_back(n_items);
+  scalar_t* op = out.data_ptr<scalar_t>();
+  at::parallel_for(0, static_cast<int64_t>(groups.size()) - 1, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(D);
+    for (int64_t gi = begin; gi < end; ++gi) {
+      const int64_t w = groups[gi], e = groups[gi + 1];
+      const Item& it = items[w];
+      const int R = (it.q1 - it.q0) * H;
+      scalar_t* dst0 = op + static_cast<int64_t>(qs[it.seq] + it.q0) * H * D;
+      for (int r = 0; r < R; ++r) {
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t x = w; x < e; ++x)
+          if (l[x * rows + r] > 0.f) mx = std::max(mx, m[x * rows + r]);
+        float denom = 0.f;
+        std::fill(row.begin(), row.end(), 0.f);
+        for (int64_t x = w; x < e; ++x) {
+          if (l[x * rows + r] == 0.f) continue;
+          const float c = e - w == 1 ? 1.f : fast_exp(m[x * rows + r] - mx);
+          denom += l[x * rows + r] * c;
+          const float* a = acc.data() + (x * rows + r) * D;
+          for (int d = 0; d < D; ++d) row[d] += a[d] * c;
+        }
+        const float inv = denom > 0.f ? 1.f / denom : 0.f;
+        scalar_t* dst = dst0 + static_cast<int64_t>(r) * D;
+        for (int d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(row[d] * inv);
+      }
+    }
+  });
+}
+
+at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+                           const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query [T, H, D], caches [blocks, block, Hkv, D]");
+  TORCH_CHECK(query.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(),
+              "query and caches must share a dtype");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && query_start_loc.scalar_type() == at::kInt &&
+                  seq_lens.scalar_type() == at::kInt, "block_tables, query_start_loc and seq_lens are int32");
+  const int64_t bs = k_cache.size(1);
+  TORCH_CHECK((bs == 8 || bs == 16 || bs == 32) && query.size(2) <= kMaxDim,
+              "block size 8, 16 or 32 and head_dim <= 256");
+  TORCH_CHECK(query.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  auto q = query.contiguous();
+  auto tables = block_tables.contiguous();
+  auto qsl = query_start_loc.contiguous();
+  auto lens = seq_lens.contiguous();
+  auto out = at::empty_like(q);
+  if (q.size(0) == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
+    run<scalar_t>(q, k_cache, v_cache, tables, qsl, lens, scale, out);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(pagedserve, m) {
+  m.def("paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor query_start_loc, Tensor seq_lens, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
+  m.impl("paged_attention", &paged_attention);
+}

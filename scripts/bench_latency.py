@@ -1,0 +1,82 @@
+"""The batch-1 trap: one request at a time, ours against transformers' contiguous KV cache.
+
+Paged attention pays for its indirection when only one sequence runs. This measures
+time to first token for a 500-token prompt and then the decode rate of that lone
+request, for our engine and for transformers `generate` (contiguous cache), same model,
+same dtype, same run. Each side is measured `--repeats` times and the median reported.
+
+    python scripts/bench_latency.py --dtype float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+from engine import LLM, SamplingParams
+from engine.models import loader
+
+
+def ours(llm: LLM, prompt: list[int], new: int) -> tuple[float, float]:
+    """(TTFT s, decode tok/s) from the engine's own step loop."""
+    eng = llm.engine
+    eng.add_request("lat", prompt, SamplingParams(temperature=0, max_tokens=new, ignore_eos=True))
+    start = time.perf_counter()
+    first = None
+    while eng.has_unfinished():
+        step = eng.step()
+        if first is None and any(o.deltas for o in step.outputs):
+            first = time.perf_counter()
+    end = time.perf_counter()
+    return first - start, (new - 1) / (end - first)
+
+
+@torch.inference_mode()
+def hf(model, prompt: list[int], new: int) -> tuple[float, float]:
+    """(TTFT s, decode tok/s): a one-token generate, then the rest timed as a difference."""
+    ids = torch.tensor([prompt])
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
+    t = time.perf_counter()
+    model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+    ttft = time.perf_counter() - t
+    t = time.perf_counter()
+    model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
+    whole = time.perf_counter() - t
+    return ttft, (new - 1) / max(whole - ttft, 1e-9)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--prompt-len", type=int, default=500)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    files = loader.resolve(None)
+    vocab = loader.load_config(files).vocab_size
+    rng = random.Random(0)
+    prompt = [rng.randrange(100, vocab) for _ in range(args.prompt_len)]
+    llm = LLM(None, dtype=args.dtype, enable_prefix_caching=False, max_model_len=2048)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(files.path, dtype=getattr(torch, args.dtype)).eval()
+    ours(llm, prompt[:32], 4)
+    hf(model, prompt[:32], 4)  # warm both
+    results = {}
+    for name, fn, target in (("engine", ours, llm), ("transformers", hf, model)):
+        runs = [fn(target, prompt, args.new_tokens) for _ in range(args.repeats)]
+        ttft = statistics.median(r[0] for r in runs)
+        rate = statistics.median(r[1] for r in runs)
+        results[name] = (ttft, rate)
+        print(f"{name:13s} TTFT {ttft * 1000:7.1f} ms   decode {rate:6.1f} tok/s")
+    (t_ours, r_ours), (t_hf, r_hf) = results["engine"], results["transformers"]
+    print(f"engine / transformers: decode {r_ours / r_hf:.2f}x, TTFT {t_hf / t_ours:.2f}x (higher is better)")
+
+
+if __name__ == "__main__":
+    main()

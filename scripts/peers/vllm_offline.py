@@ -1,0 +1,43 @@
+"""Run the throughput workload through vLLM's offline LLM; print one JSON line.
+
+Runs inside vLLM's own virtual environment (.peers/vllm, see scripts/setup_vllm_peer.sh),
+never the project's: `scripts/bench_throughput.py --peer vllm` starts it as a subprocess
+with the workload in a JSON file, so both engines see exactly the same token ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, help="HF directory (the same weights our engine loads)")
+    ap.add_argument("--workload", required=True, help="JSON: [[prompt_ids, max_tokens], ...]")
+    ap.add_argument("--dtype", required=True)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    args = ap.parse_args()
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    reqs = json.load(open(args.workload))
+    t0 = time.perf_counter()
+    llm = LLM(model=args.model, dtype=args.dtype, enable_prefix_caching=False, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024, seed=0)
+    startup = time.perf_counter() - t0
+    prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in reqs]
+    llm.generate(prompts[:1], [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)], use_tqdm=False)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    produced = sum(len(o.outputs[0].token_ids) for o in outs)
+    print(json.dumps({"elapsed": elapsed, "produced": produced, "startup": startup}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The native CPU paged-attention kernel against float64 dense attention and the torch
+reference: decode and chunked prefill in one call, shuffled block tables, partial blocks,
+GQA, head_dim 64/128, every cache dtype, and the split path for long lone contexts.
+
+Cache rows no sequence owns are NaN, so a read past a sequence's length fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu, reference
+from tests.test_kernels import BF16, F16, F32, Paged, check, dense_attention
+
+
+def run_case(seq_lens: list[int], q_lens: list[int], heads: int, kv_heads: int, head_dim: int,
+             block_size: int, dtype: torch.dtype, seed: int = 0) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    paged = Paged(seq_lens, kv_heads, head_dim, block_size, dtype, gen)
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(int(qsl[-1]), heads, head_dim, generator=gen).to(dtype)
+    scale = head_dim ** -0.5
+    out = cpu.paged_attention(q, paged.k_nan, paged.v_nan, paged.block_tables, qsl, paged.seq_lens, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    for s, (lo, hi) in enumerate(zip(qsl[:-1].tolist(), qsl[1:].tolist())):
+        want = dense_attention(q[lo:hi], paged.keys[s], paged.values[s], scale)
+        check(out[lo:hi], want, dtype, f"seq {s} (len {seq_lens[s]}, q {hi - lo})")
+    ref = reference.paged_attention_prefill(q, paged.k_cache, paged.v_cache, paged.block_tables, qsl,
+                                            paged.seq_lens, scale)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2 if dtype != F32 else 1e-4, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 8, 128), (8, 1, 64)])
+def test_decode_and_prefill_in_one_call(dtype, heads, kv_heads, head_dim):
+    # decodes (q 1), a whole prompt (q == len), chunks continuing a cached prefix, partial blocks
+    seq_lens = [1, 17, 33, 100, 40, 250, 16]
+    q_lens = [1, 1, 33, 37, 40, 1, 5]
+    run_case(seq_lens, q_lens, heads, kv_heads, head_dim, 16, dtype)
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_block_sizes(block_size):
+    run_case([5, 70, 129], [5, 1, 64], 4, 2, 64, block_size, F32, seed=block_size)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_a_long_lone_context_takes_the_split_path(dtype):
+    """One sequence, 3,000 tokens: the context is split across threads and merged."""
+    run_case([3000], [1], 9, 3, 64, 16, dtype, seed=1)
+    run_case([2100], [40], 9, 3, 64, 16, dtype, seed=2)  # a prefill chunk over a long prefix
+
+
+def test_an_empty_batch_and_the_op_is_registered():
+    q = torch.empty(0, 4, 64)
+    cache = torch.zeros(2, 16, 2, 64)
+    z = torch.zeros(1, 1, dtype=torch.int32)
+    out = torch.ops.pagedserve.paged_attention(q, cache, cache, z, torch.zeros(1, dtype=torch.int32),
+                                               torch.zeros(0, dtype=torch.int32), 0.125)
+    assert out.shape == (0, 4, 64)
