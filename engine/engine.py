@@ -6,6 +6,7 @@ requests and aborts into it between steps.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import itertools
 import time
@@ -100,6 +101,10 @@ class LLMEngine:
         self._totals = StepStats()  # running sums of every step's counters
         self._waste_sum = 0.0
         self._waste_steps = 0
+        # Everything built so far (model, tokenizer, modules) lives as long as the engine:
+        # keep it out of the collector's scans, which otherwise stall steps at random.
+        gc.collect()
+        gc.freeze()
 
     # -- requests -----------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:

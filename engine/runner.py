@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 import kernels
+import kernels.cpu
 from engine.kv_cache_manager import KVCacheManager
 from engine.models.llama import AttnMetadata, LlamaForCausalLM, head_dim, num_kv_heads
 from engine.scheduler import Batch
@@ -37,6 +38,7 @@ class ModelRunner:
         self.kv_manager = kv_manager
         self.device = device
         self.backend = backend
+        self._threads_bound = backend != "native"  # pinned on first use, by the thread that steps
         cfg = model.config
         shape = (num_blocks, kv_manager.block_size, num_kv_heads(cfg), head_dim(cfg))
         self.kv_caches = [
@@ -101,6 +103,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: Batch) -> tuple[torch.Tensor, list[Sequence]]:
         """Run the step; returns fp32 logits for the sequences that sample, and those sequences."""
+        if not self._threads_bound:
+            kernels.cpu.bind_threads()
+            self._threads_bound = True
         if batch.copies:
             self._copy_blocks(batch.copies)
         step = self.prepare(batch)

@@ -59,6 +59,12 @@ def available() -> bool:
     return load()
 
 
+def _op(name: str):
+    if not load():
+        raise RuntimeError("the native CPU kernels could not be built")
+    return getattr(torch.ops.pagedserve, name)
+
+
 def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -69,20 +75,35 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its cached ones, in one call."""
-    if not load():
-        raise RuntimeError("the native CPU attention kernel could not be built")
-    return torch.ops.pagedserve.paged_attention(query, k_cache, v_cache, block_tables, query_start_loc,
-                                                seq_lens, scale)
+    return _op("paged_attention")(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+
+
+def bind_threads() -> int:
+    """Pin torch's intra-op threads one per core of this process's CPU set; returns how many
+    were pinned. Skipped (0) when the set has fewer cores than threads, or with
+    PAGEDSERVE_BIND_THREADS=0."""
+    if os.environ.get("PAGEDSERVE_BIND_THREADS", "1") == "0" or not load():
+        return 0
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < torch.get_num_threads():
+        return 0
+    return int(_op("bind_threads")(torch.tensor(cores[: torch.get_num_threads()])))
 
 
 def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """residual += x (in place, when x is given); returns weight * rmsnorm(residual)."""
-    return torch.ops.pagedserve.add_rms_norm(x, residual, weight, eps)
+    return _op("add_rms_norm")(x, residual, weight, eps)
+
+
+def rope_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary q [n, H, D] and k [n, Hkv, D] from a fused qkv projection; cos/sin [n, D]."""
+    return _op("rope_qk")(qkv, cos, sin, num_heads, num_kv_heads)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, with gate_up = [gate | up] along the last dimension."""
-    return torch.ops.pagedserve.silu_mul(gate_up)
+    return _op("silu_mul")(gate_up)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,8 @@ def run_vllm(model_dir: Path, dtype: str, reqs, args) -> dict:
     os.unlink(f.name)
     if out.returncode != 0:
         raise SystemExit(f"vLLM failed:\n{out.stderr[-4000:]}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    # vLLM and its libraries print too; the result is the one JSON line the peer script writes.
+    res = json.loads(next(line for line in out.stdout.splitlines() if line.startswith('{"elapsed"')))
     assert res["produced"] == sum(n for _, n in reqs), "vLLM produced the wrong number of tokens"
     return res
 
@@ -122,7 +123,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="HF dir or GGUF; default: the embedded SmolLM2-135M")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--peer", default="none", choices=["none", "vllm", "hf"])
-    ap.add_argument("--runs", type=int, default=1, help="identical runs of our engine (spread check)")
+    ap.add_argument("--runs", type=int, default=1, help="identical runs of our engine (spread check; 0: peer only)")
     ap.add_argument("--profile", action="store_true", help="per-step breakdown of our engine's time")
     ap.add_argument("--backend", default="auto", choices=["auto", "torch", "native"])
     ap.add_argument("--num-requests", type=int, default=64)
@@ -143,18 +144,21 @@ def main() -> None:
           f"{total_out} output tokens; dtype {args.dtype}; torch threads {torch.get_num_threads()}")
 
     results: dict[str, list[float]] = {"engine": []}
-    t0 = time.perf_counter()
-    llm = make_engine(args.model, args.dtype, args)
-    print(f"engine start-up {time.perf_counter() - t0:.1f}s, attention backend {llm.engine.resolved.attention_backend}")
-    for i in range(args.runs):
-        results["engine"].append(total_out / run_engine(llm, reqs))
-        print(f"engine run {i + 1}: {results['engine'][-1]:8.1f} tok/s")
-    stats = llm.stats()
-    ours = max(results["engine"])
-    spread = (max(results["engine"]) - min(results["engine"])) / min(results["engine"])
-    print(f"engine best {ours:.1f} tok/s, spread {spread:.1%} over {args.runs} runs, "
-          f"mean KV waste {stats.kv_waste_mean:.2%}, preemptions {stats.num_preemptions}")
-    if args.profile:
+    ours, spread, stats = 0.0, 0.0, None
+    if args.runs:
+        t0 = time.perf_counter()
+        llm = make_engine(args.model, args.dtype, args)
+        print(f"engine start-up {time.perf_counter() - t0:.1f}s, "
+              f"attention backend {llm.engine.resolved.attention_backend}")
+        for i in range(args.runs):
+            results["engine"].append(total_out / run_engine(llm, reqs))
+            print(f"engine run {i + 1}: {results['engine'][-1]:8.1f} tok/s")
+        stats = llm.stats()
+        ours = max(results["engine"])
+        spread = (max(results["engine"]) - min(results["engine"])) / min(results["engine"])
+        print(f"engine best {ours:.1f} tok/s, spread {spread:.1%} over {args.runs} runs, "
+              f"mean KV waste {stats.kv_waste_mean:.2%}, preemptions {stats.num_preemptions}")
+    if args.profile and args.runs:
         with StepProfile(llm) as prof:
             run_engine(llm, reqs)
         print(prof.report())
@@ -170,12 +174,13 @@ def main() -> None:
         results["hf_single"] = [total_out / run_hf_single(model, reqs)]
         print(f"hf one at a time:  {results['hf_single'][0]:8.1f} tok/s")
     for peer in results:
-        if peer != "engine":
+        if peer != "engine" and ours:
             print(f"engine / {peer}: {ours / results[peer][0]:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "dtype": args.dtype, "tokens_per_s": results, "spread": spread, "kv_waste_mean": stats.kv_waste_mean,
-            "preemptions": stats.num_preemptions, "machine": platform.processor() or platform.machine(),
+            "dtype": args.dtype, "tokens_per_s": results, "spread": spread,
+            "kv_waste_mean": stats and stats.kv_waste_mean, "preemptions": stats and stats.num_preemptions,
+            "machine": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(),
         }, indent=2))
 

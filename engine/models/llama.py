@@ -111,10 +111,16 @@ class Attention(nn.Module):
         meta: AttnMetadata,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = _rotate(q.view(n, self.num_heads, self.head_dim), cos, sin)
-        k = _rotate(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size :].view(n, self.num_kv_heads, self.head_dim)
+        if meta.backend == "native":  # the native build also carries the fused rotary
+            from kernels import cpu
+
+            q, k = cpu.rope_qk(qkv, cos[:, 0], sin[:, 0], self.num_heads, self.num_kv_heads)
+        else:
+            q, k = qkv[:, : self.q_size + self.kv_size].split([self.q_size, self.kv_size], dim=-1)
+            q = _rotate(q.view(n, self.num_heads, self.head_dim), cos, sin)
+            k = _rotate(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
         k_cache, v_cache = kv_cache
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
         nd = meta.num_decode_tokens

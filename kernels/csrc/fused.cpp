@@ -6,7 +6,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <cmath>
+#include <vector>
 #include <tuple>
 
 namespace {
@@ -74,14 +78,74 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+// Rotary embedding (rotate-half, as Llama) of the q and k parts of a fused qkv
+// projection, written out contiguous: one pass where eager torch makes four per tensor.
+std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                                           int64_t H, int64_t Hkv) {
+  TORCH_CHECK(qkv.dim() == 2 && cos.dim() == 2 && cos.is_contiguous() && sin.is_contiguous(),
+              "qkv [n, (H + 2 Hkv) D], cos/sin [n, D] contiguous");
+  const int64_t n = qkv.size(0), D = cos.size(1), half = D / 2;
+  auto q = at::empty({n, H, D}, qkv.options());
+  auto k = at::empty({n, Hkv, D}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_qk", [&] {
+    const scalar_t* in = qkv.data_ptr<scalar_t>();
+    const int64_t row = qkv.stride(0);
+    const scalar_t* cp = cos.data_ptr<scalar_t>();
+    const scalar_t* sp = sin.data_ptr<scalar_t>();
+    scalar_t* qo = q.data_ptr<scalar_t>();
+    scalar_t* ko = k.data_ptr<scalar_t>();
+    at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const scalar_t* c = cp + t * D;
+        const scalar_t* s = sp + t * D;
+        for (int64_t h = 0; h < H + Hkv; ++h) {
+          const scalar_t* x = in + t * row + h * D;
+          scalar_t* o = h < H ? qo + (t * H + h) * D : ko + (t * Hkv + h - H) * D;
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = static_cast<float>(x[i]), b = static_cast<float>(x[i + half]);
+            o[i] = static_cast<scalar_t>(a * static_cast<float>(c[i]) - b * static_cast<float>(s[i]));
+            o[i + half] = static_cast<scalar_t>(b * static_cast<float>(c[i + half]) + a * static_cast<float>(s[i + half]));
+          }
+        }
+      }
+    });
+  });
+  return {q, k};
+}
+
+// Pin each of torch's intra-op threads to one core of `cores`, as vLLM's CPU backend does:
+// threads that migrate between cores lose their caches and make step times jitter.
+int64_t bind_threads(const at::Tensor& cores) {
+  auto c = cores.to(at::kLong).contiguous();
+  const int64_t k = c.numel();
+  if (k == 0) return 0;
+  const int64_t* cp = c.data_ptr<int64_t>();
+  const int64_t n = at::get_num_threads();
+  std::vector<int> ok(n, 0);
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    const int t = at::get_thread_num();
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(static_cast<int>(cp[t % k]), &set);
+    ok[t % n] = pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+  });
+  int64_t bound = 0;
+  for (int v : ok) bound += v;
+  return bound;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
   m.def("add_rms_norm(Tensor? x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("bind_threads(Tensor cores) -> int");
+  m.def("rope_qk(Tensor qkv, Tensor cos, Tensor sin, int H, int Hkv) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("silu_mul", &silu_mul);
+  m.impl("bind_threads", &bind_threads);
+  m.impl("rope_qk", &rope_qk);
 }
