@@ -19,6 +19,7 @@ from torch import nn
 
 import kernels
 from engine.models import packed_linear
+from kernels import cpu as cpu_kernels
 
 
 @dataclass
@@ -114,9 +115,7 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(n, self.num_kv_heads, self.head_dim)
         if meta.backend == "native":  # the native build also carries the fused rotary
-            from kernels import cpu
-
-            q, k = cpu.rope_qk(qkv, cos[:, 0], sin[:, 0], self.num_heads, self.num_kv_heads)
+            q, k = cpu_kernels.rope_qk(qkv, cos[:, 0], sin[:, 0], self.num_heads, self.num_kv_heads)
         else:
             q, k = qkv[:, : self.q_size + self.kv_size].split([self.q_size, self.kv_size], dim=-1)
             q = _rotate(q.view(n, self.num_heads, self.head_dim), cos, sin)
@@ -158,14 +157,11 @@ class MLP(nn.Module):
         self.inter = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.inter, bias=bias)
         self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=bias)
-
         self.fused = False  # kernels.cpu.silu_mul instead of three eager passes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
-            from kernels import cpu
-
-            return self.down_proj(cpu.silu_mul(self.gate_up_proj(x)))
+            return self.down_proj(cpu_kernels.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -185,11 +181,9 @@ class DecoderLayer(nn.Module):
     def forward_fused(self, residual, pending, cos, sin, kv_cache, meta) -> torch.Tensor:
         """The same layer with each residual add fused into the norm after it: `residual`
         is updated in place and the MLP output is returned as the next layer's `pending`."""
-        from kernels import cpu
-
-        x = cpu.add_rms_norm(pending, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+        x = cpu_kernels.add_rms_norm(pending, residual, self.input_layernorm.weight, self.input_layernorm.eps)
         attn = self.self_attn(x, cos, sin, kv_cache, meta)
-        x = cpu.add_rms_norm(attn, residual, self.post_attention_layernorm.weight,
+        x = cpu_kernels.add_rms_norm(attn, residual, self.post_attention_layernorm.weight,
                              self.post_attention_layernorm.eps)
         return self.mlp(x)
 
