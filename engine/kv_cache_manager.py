@@ -8,8 +8,6 @@ admitted in the same step may already share them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from engine.block_pool import Block, BlockPool, hash_block
 from engine.sequence import Sequence
 
@@ -57,7 +55,7 @@ class KVCacheManager:
         return hits
 
     # -- allocation ---------------------------------------------------------------
-    def allocate(self, seq: Sequence, num_new: int, cached: Sequence[Block] = ()) -> bool:
+    def allocate(self, seq: Sequence, num_new: int, cached: list[Block] | tuple[()] = ()) -> bool:
         """Make room for num_new more tokens (after any cached ones). False if the pool is short."""
         bs = self.block_size
         table = self.tables.get(seq.seq_id, [])

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 from engine.engine import LLMEngine, StepOutput
 from engine.outputs import CompletionDelta, RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.stats import EngineStats
 
 if TYPE_CHECKING:
     from engine.serving.metrics import EngineMetrics
