@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml kernels/csrc/paged_attention.cpp kernels/csrc/fused.cpp
+$(STAMP): pyproject.toml $(wildcard kernels/csrc/*)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first and pinned. Prefer the CPU build where an index has it; PyPI's plain

@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp"]
+HEADERS = [CSRC / "vec.h"]
 _state: dict[str, object] = {}
 
 
@@ -31,6 +32,12 @@ def _cpu_key() -> str:
     except (OSError, StopIteration):
         flags = os.uname().machine
     return hashlib.sha256(flags.encode()).hexdigest()[:10]
+
+
+def _headers_key() -> str:
+    """cpp_extension rebuilds when a source or flag changes, not a header: the headers'
+    hash goes into the flags so that editing one rebuilds too."""
+    return hashlib.sha256(b"".join(p.read_bytes() for p in HEADERS)).hexdigest()[:10]
 
 
 def load() -> bool:
@@ -43,16 +50,41 @@ def load() -> bool:
         cpp_extension.load(
             name=f"pagedserve_cpu_{_cpu_key()}",
             sources=[str(p) for p in SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math",
+                          f"-DPAGEDSERVE_HEADERS={_headers_key()}"],
+            extra_include_paths=[str(CSRC)],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
             verbose=False,
         )
+        _register_fakes()
         _state["ok"] = True
     except Exception as exc:  # noqa: BLE001 - any build failure means: use the torch path
         logger.warning("native CPU attention unavailable, using the torch path: %s", str(exc).splitlines()[0])
         _state["ok"] = False
     return bool(_state["ok"])
+
+
+def _register_fakes() -> None:
+    """Shape-only versions of the ops, so torch.compile can trace through them."""
+    lib = "pagedserve::"
+
+    @torch.library.register_fake(lib + "paged_attention")
+    def _(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale):
+        return torch.empty_like(query)
+
+    @torch.library.register_fake(lib + "rope_qk")
+    def _(qkv, cos, sin, H, Hkv):
+        n, d = qkv.shape[0], cos.shape[1]
+        return qkv.new_empty(n, H, d), qkv.new_empty(n, Hkv, d)
+
+    @torch.library.register_fake(lib + "add_rms_norm")
+    def _(x, residual, weight, eps):
+        return torch.empty_like(residual)
+
+    @torch.library.register_fake(lib + "silu_mul")
+    def _(gate_up):
+        return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
 
 
 def available() -> bool:

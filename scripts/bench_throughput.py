@@ -63,6 +63,12 @@ def run_engine(llm: LLM, reqs) -> float:
     return elapsed
 
 
+def all_cores() -> None:
+    """For a peer's process: our engine pinned the thread that stepped it (thread 0 of its
+    OpenMP team) to one core, and a child inherits that; give the peer every core back."""
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))
+
+
 def run_vllm(model_dir: Path, dtype: str, reqs, args) -> dict:
     if not VLLM_PYTHON.is_file():
         raise SystemExit("vLLM peer missing: run scripts/setup_vllm_peer.sh first")
@@ -74,7 +80,7 @@ def run_vllm(model_dir: Path, dtype: str, reqs, args) -> dict:
     cmd = [str(VLLM_PYTHON), str(ROOT / "scripts" / "peers" / "vllm_offline.py"), "--model", str(model_dir),
            "--workload", f.name, "--dtype", dtype, "--max-num-seqs", str(args.max_num_seqs),
            "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/tmp")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/tmp", preexec_fn=all_cores)
     os.unlink(f.name)
     if out.returncode != 0:
         raise SystemExit(f"vLLM failed:\n{out.stderr[-4000:]}")

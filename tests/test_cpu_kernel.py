@@ -31,7 +31,9 @@ def run_case(seq_lens: list[int], q_lens: list[int], heads: int, kv_heads: int, 
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16, F16])
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 8, 128), (8, 1, 64)])
+# group sizes 3, 1, 8 and 5 (the SIMD path takes query heads four at a time); head_dim 40
+# is not a multiple of 16, so it takes the portable loops
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 8, 128), (8, 1, 64), (10, 2, 64), (4, 2, 40)])
 def test_decode_and_prefill_in_one_call(dtype, heads, kv_heads, head_dim):
     # decodes (q 1), a whole prompt (q == len), chunks continuing a cached prefix, partial blocks
     seq_lens = [1, 17, 33, 100, 40, 250, 16]
@@ -58,3 +60,32 @@ def test_an_empty_batch_and_the_op_is_registered():
     out = torch.ops.pagedserve.paged_attention(q, cache, cache, z, torch.zeros(1, dtype=torch.int32),
                                                torch.zeros(0, dtype=torch.int32), 0.125)
     assert out.shape == (0, 4, 64)
+
+
+def test_the_ops_compose_with_torch_compile():
+    """With their shape functions registered, the native ops trace into one torch.compile
+    graph (no graph break, dynamic token count) and give the eager result."""
+    gen = torch.Generator().manual_seed(3)
+    paged = Paged([40, 7], 2, 64, 16, F32, gen)
+    qsl = torch.tensor([0, 40, 41], dtype=torch.int32)
+    n, heads, kv_heads, d = 41, 4, 2, 64
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * d, generator=gen)
+    cos, sin = torch.randn(n, d, generator=gen), torch.randn(n, d, generator=gen)
+    x, residual = torch.randn(n, 96, generator=gen), torch.randn(n, 96, generator=gen)
+    weight, gate_up = torch.randn(96, generator=gen), torch.randn(n, 2 * 96, generator=gen)
+
+    def layer(qkv, cos, sin, x, residual, gate_up, k_cache, v_cache, tables, qsl, lens):
+        q, _ = cpu.rope_qk(qkv, cos, sin, heads, kv_heads)
+        attn = cpu.paged_attention(q, k_cache, v_cache, tables, qsl, lens, d ** -0.5)
+        normed = cpu.add_rms_norm(x, residual, weight, 1e-5)
+        return attn, normed, cpu.silu_mul(gate_up) + 1
+
+    args = (qkv, cos, sin, x, residual, gate_up, paged.k_cache, paged.v_cache, paged.block_tables, qsl,
+            paged.seq_lens)
+    res_eager, res_compiled = residual.clone(), residual.clone()
+    want = layer(*args[:4], res_eager, *args[5:])
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True, dynamic=True)
+    got = compiled(*args[:4], res_compiled, *args[5:])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    torch.testing.assert_close(res_compiled, res_eager, atol=0, rtol=0)  # the in-place residual update

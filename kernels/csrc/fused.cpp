@@ -13,6 +13,8 @@
 #include <vector>
 #include <tuple>
 
+#include "vec.h"
+
 namespace {
 
 // residual = x + residual (in the model dtype), out = weight * rmsnorm(residual).
@@ -67,9 +69,9 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
         const scalar_t* g = in + r * 2 * n;
         const scalar_t* u = g + n;
         scalar_t* dst = o + r * n;
-        for (int64_t i = 0; i < n; ++i) {
+        _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
           const float gf = static_cast<float>(g[i]);
-          const scalar_t act = static_cast<scalar_t>(gf / (1.f + std::exp(-gf)));
+          const scalar_t act = static_cast<scalar_t>(gf / (1.f + pagedserve::fast_exp(-gf)));
           dst[i] = static_cast<scalar_t>(static_cast<float>(act) * static_cast<float>(u[i]));
         }
       }

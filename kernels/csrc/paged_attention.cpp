@@ -13,10 +13,15 @@
 #include <cstring>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
+#include "vec.h"
+
 namespace {
+
+using pagedserve::fast_exp;
 
 constexpr int kMaxDim = 256;
 constexpr int kQChunk = 16;     // query tokens per work item
@@ -27,26 +32,6 @@ struct Item {
 
 template <typename T>
 inline float to_f(T x) { return static_cast<float>(x); }
-
-// exp for the softmax, written so the compiler vectorizes it (libm's expf stays scalar
-// without -ffast-math): 2^n * e^f with |f| <= ln2/2 and a degree-6 polynomial, relative
-// error about 2e-7, i.e. fp32 rounding. Inputs below -87 flush to 0.
-inline float fast_exp(float x) {
-  x = std::max(x, -87.f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float f = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-  float p = 1.f / 720.f;
-  p = p * f + 1.f / 120.f;
-  p = p * f + 1.f / 24.f;
-  p = p * f + 1.f / 6.f;
-  p = p * f + 0.5f;
-  p = p * f + 1.f;
-  p = p * f + 1.f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
 // Four independent 8-lane partial sums: one accumulator would chain every FMA on the
 // previous one and run at FMA latency instead of throughput.
@@ -75,6 +60,93 @@ inline const float* row_f32(const scalar_t* src, float* buf, int n) {
   }
 }
 
+#ifdef PAGEDSERVE_AVX2
+// Dot products waiting for their horizontal sums, reduced eight at a time (hsum8).
+struct Partials {
+  __m256 v[8];
+  float* dst[8];
+  int n = 0;
+  void push(__m256 x, float* d) {
+    v[n] = x;
+    dst[n] = d;
+    if (++n == 8) flush();
+  }
+  void flush() {
+    if (n == 0) return;
+    for (int i = n; i < 8; ++i) v[i] = _mm256_setzero_ps();
+    alignas(32) float out[8];
+    _mm256_store_ps(out, pagedserve::hsum8(v));
+    for (int i = 0; i < n; ++i) *dst[i] = out[i];
+    n = 0;
+  }
+};
+
+// J query rows (row stride D) against one key row: each key vector is loaded once for
+// all J rows. out[j] receives row j's score.
+template <int J>
+inline void dot_rows(const float* q, const float* kr, int D, float* out, int out_stride, Partials& acc) {
+  __m256 a[J];
+  for (int j = 0; j < J; ++j) a[j] = _mm256_setzero_ps();
+  for (int d = 0; d < D; d += 8) {
+    const __m256 kv = _mm256_loadu_ps(kr + d);
+    for (int j = 0; j < J; ++j) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * D + d), kv, a[j]);
+  }
+  for (int j = 0; j < J; ++j) acc.push(a[j], out + j * out_stride);
+}
+
+// acc[j] += sum over t < n of p[j * BS + t] * v[t] for J rows, 16 columns at a time, so
+// the J x 16 accumulators stay in registers for the whole block.
+template <int J>
+inline void pv_rows(const float* p, int BS, const float* v, int64_t vs, int n, int D, float* acc) {
+  for (int d = 0; d < D; d += 16) {
+    __m256 a[J][2];
+    for (int j = 0; j < J; ++j) {
+      a[j][0] = _mm256_loadu_ps(acc + j * D + d);
+      a[j][1] = _mm256_loadu_ps(acc + j * D + d + 8);
+    }
+    for (int t = 0; t < n; ++t) {
+      const __m256 v0 = _mm256_loadu_ps(v + t * vs + d), v1 = _mm256_loadu_ps(v + t * vs + d + 8);
+      for (int j = 0; j < J; ++j) {
+        const __m256 pb = _mm256_broadcast_ss(p + j * BS + t);
+        a[j][0] = _mm256_fmadd_ps(pb, v0, a[j][0]);
+        a[j][1] = _mm256_fmadd_ps(pb, v1, a[j][1]);
+      }
+    }
+    for (int j = 0; j < J; ++j) {
+      _mm256_storeu_ps(acc + j * D + d, a[j][0]);
+      _mm256_storeu_ps(acc + j * D + d + 8, a[j][1]);
+    }
+  }
+}
+
+// The row loops above for any number of rows, four at a time.
+inline void dot_rows_any(int G, const float* q, const float* kr, int D, float* out, int out_stride, Partials& acc) {
+  for (int j = 0; j < G; j += 4) {
+    const float* qj = q + j * D;
+    float* oj = out + j * out_stride;
+    switch (std::min(4, G - j)) {
+      case 1: dot_rows<1>(qj, kr, D, oj, out_stride, acc); break;
+      case 2: dot_rows<2>(qj, kr, D, oj, out_stride, acc); break;
+      case 3: dot_rows<3>(qj, kr, D, oj, out_stride, acc); break;
+      default: dot_rows<4>(qj, kr, D, oj, out_stride, acc);
+    }
+  }
+}
+
+inline void pv_rows_any(int G, const float* p, int BS, const float* v, int64_t vs, int n, int D, float* acc) {
+  for (int j = 0; j < G; j += 4) {
+    const float* pj = p + j * BS;
+    float* aj = acc + j * D;
+    switch (std::min(4, G - j)) {
+      case 1: pv_rows<1>(pj, BS, v, vs, n, D, aj); break;
+      case 2: pv_rows<2>(pj, BS, v, vs, n, D, aj); break;
+      case 3: pv_rows<3>(pj, BS, v, vs, n, D, aj); break;
+      default: pv_rows<4>(pj, BS, v, vs, n, D, aj);
+    }
+  }
+}
+#endif
+
 // One work item: rows = query tokens [q0, q1) x all H query heads (row i * H + h),
 // keys [kv0, kv1). Each block is streamed once, token by token across all KV heads,
 // so the reads are sequential; every query head of a KV head reuses the row in L1.
@@ -97,18 +169,47 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
   std::fill(acc, acc + static_cast<int64_t>(R) * D, 0.f);
 
   alignas(64) float buf[kMaxDim];
+#ifdef PAGEDSERVE_AVX2
+  const bool simd = D % 16 == 0;
+  std::vector<float> vblk(std::is_same<scalar_t, float>::value ? 0 : static_cast<size_t>(BS) * D);
+#else
+  const bool simd = false;
+#endif
   std::vector<float> kt(nq > 1 ? static_cast<size_t>(D) * BS : 0);  // one head's K block, [D][BS]
   const int64_t tok_stride = static_cast<int64_t>(Hkv) * D;
   const int64_t blk_stride = tok_stride * BS;
   const int first_pos = seq_len - q_len + it.q0;  // causal: query token i sits at first_pos + i
+  const scalar_t* nk = nullptr;
+  const scalar_t* nv = nullptr;
 
   for (int kv = it.kv0; kv < it.kv1;) {
     const int blk = kv / BS, off = kv % BS;
     const int n = std::min(BS - off, it.kv1 - kv);
     const scalar_t* kb = kc + table[blk] * blk_stride + off * tok_stride;
     const scalar_t* vb = vc + table[blk] * blk_stride + off * tok_stride;
+    const int64_t row_bytes = tok_stride * static_cast<int64_t>(sizeof(scalar_t));
+    if (kv + n < it.kv1) {  // the next block, one row per key of this one, as we go
+      nk = kc + table[blk + 1] * blk_stride;
+      nv = vc + table[blk + 1] * blk_stride;
+    } else {
+      nk = nv = nullptr;
+    }
     // Scores: s[r][t] for every row and key of the block (masked keys never read later).
-    if (nq == 1) {  // decode: stream the block once, a dot per (key, query head)
+    if (nq == 1 && simd) {  // decode: each key row loaded once for its G query heads
+#ifdef PAGEDSERVE_AVX2
+      Partials parts;
+      for (int t = 0; t < n; ++t) {
+        if (nk != nullptr) {
+          pagedserve::prefetch(nk + t * tok_stride, row_bytes);
+          pagedserve::prefetch(nv + t * tok_stride, row_bytes);
+        }
+        for (int g = 0; g < Hkv; ++g)
+          dot_rows_any(G, qf.data() + static_cast<int64_t>(g) * G * D, row_f32(kb + t * tok_stride + g * D, buf, D),
+                       D, s.data() + g * G * BS + t, BS, parts);
+      }
+      parts.flush();
+#endif
+    } else if (nq == 1) {  // decode, portable: a dot per (key, query head)
       for (int t = 0; t < n; ++t)
         for (int g = 0; g < Hkv; ++g) {
           const float* kr = row_f32(kb + t * tok_stride + g * D, buf, D);
@@ -181,6 +282,30 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
       }
     }
     // acc += P V, again streaming the block's V rows once.
+#ifdef PAGEDSERVE_AVX2
+    if (simd) {
+      for (int g = 0; g < Hkv; ++g) {
+        const scalar_t* vg = vb + g * D;
+        const float* vrows;
+        int64_t vs = tok_stride;
+        if constexpr (std::is_same<scalar_t, float>::value) {
+          vrows = vg;
+        } else {  // one conversion of this head's block, shared by every query row
+          for (int t = 0; t < n; ++t) row_f32(vg + t * tok_stride, vblk.data() + t * D, D);
+          vrows = vblk.data();
+          vs = D;
+        }
+        for (int i = 0; i < nq; ++i) {
+          const int visible = std::max(0, std::min(n, first_pos + i - kv + 1));
+          if (visible == 0) continue;
+          const int r0 = i * H + g * G;
+          pv_rows_any(G, s.data() + r0 * BS, BS, vrows, vs, visible, D, acc + static_cast<int64_t>(r0) * D);
+        }
+      }
+      kv += n;
+      continue;
+    }
+#endif
     for (int t = 0; t < n; ++t)
       for (int g = 0; g < Hkv; ++g) {
         const float* vr = row_f32(vb + t * tok_stride + g * D, buf, D);
@@ -232,9 +357,12 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
         items.push_back({i, q0, q1, p * split_len, std::min(kv_end, (p + 1) * split_len), p});
     }
   }
+  // Each item's rows start at row0[w]; attend() initialises its own, so no zero fill.
   const int64_t n_items = items.size();
-  const int64_t rows = static_cast<int64_t>(kQChunk) * H;
-  std::vector<float> acc(n_items * rows * D), m(n_items * rows), l(n_items * rows);
+  std::vector<int64_t> row0(n_items + 1, 0);
+  for (int64_t w = 0; w < n_items; ++w) row0[w + 1] = row0[w] + static_cast<int64_t>(items[w].q1 - items[w].q0) * H;
+  const int64_t total_rows = row0[n_items];
+  std::unique_ptr<float[]> acc(new float[total_rows * D]), m(new float[total_rows]), l(new float[total_rows]);
 
   const scalar_t* qp = q.data_ptr<scalar_t>();
   const scalar_t* kp = kc.data_ptr<scalar_t>();
@@ -245,7 +373,7 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
     for (int64_t w = begin; w < end; ++w) {
       const Item& it = items[w];
       fn(it, qp, kp, vp, tp + it.seq * width, ls[it.seq], qs[it.seq], qs[it.seq + 1] - qs[it.seq], H, Hkv,
-         D, static_cast<float>(scale), acc.data() + w * rows * D, m.data() + w * rows, l.data() + w * rows);
+         D, static_cast<float>(scale), acc.get() + row0[w] * D, m.get() + row0[w], l.get() + row0[w]);
     }
   });
 
@@ -265,14 +393,14 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
       for (int r = 0; r < R; ++r) {
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t x = w; x < e; ++x)
-          if (l[x * rows + r] > 0.f) mx = std::max(mx, m[x * rows + r]);
+          if (l[row0[x] + r] > 0.f) mx = std::max(mx, m[row0[x] + r]);
         float denom = 0.f;
         std::fill(row.begin(), row.end(), 0.f);
         for (int64_t x = w; x < e; ++x) {
-          if (l[x * rows + r] == 0.f) continue;
-          const float c = e - w == 1 ? 1.f : fast_exp(m[x * rows + r] - mx);
-          denom += l[x * rows + r] * c;
-          const float* a = acc.data() + (x * rows + r) * D;
+          if (l[row0[x] + r] == 0.f) continue;
+          const float c = e - w == 1 ? 1.f : fast_exp(m[row0[x] + r] - mx);
+          denom += l[row0[x] + r] * c;
+          const float* a = acc.get() + (row0[x] + r) * D;
           for (int d = 0; d < D; ++d) row[d] += a[d] * c;
         }
         const float inv = denom > 0.f ? 1.f / denom : 0.f;
