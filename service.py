@@ -21,7 +21,7 @@ from annotated_types import Ge
 from bentoml.exceptions import BentoMLException, NotFound
 
 from engine.config import EngineConfig
-from engine.engine import LLMEngine
+from engine.models import DEFAULT_MODEL_NAME
 from engine.serving.app import APIKeyMiddleware, create_app
 from engine.serving.async_llm import AsyncLLM
 from engine.serving.errors import to_api_error
@@ -68,11 +68,11 @@ class LLMService:
             config = EngineConfig.create(**{**config.model_dump(), "model": stored.path})
             served = served or stored.info.metadata.get("served_model_name")
             root = str(stored.tag)
-        engine = LLMEngine(config)
-        served = served or engine.model_name
-        self.llm = AsyncLLM(engine, engine_metrics(served))
-        self.serving = OpenAIServing(self.llm, served, root or engine.model_name)
-        logger.info("serving %s (max_model_len %d) from %s", served, engine.max_model_len, root or "embedded")
+        # The engine core runs in its own process; this one keeps HTTP, tokenization and SSE.
+        served = served or config.model or DEFAULT_MODEL_NAME
+        self.llm = AsyncLLM.start(config, engine_metrics(served))
+        self.serving = OpenAIServing(self.llm, served, root or self.llm.model_name)
+        logger.info("serving %s (max_model_len %d) from %s", served, self.llm.max_model_len, root or "embedded")
 
     def __is_alive__(self) -> bool:
         return self.llm.is_alive

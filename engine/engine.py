@@ -109,7 +109,7 @@ class LLMEngine:
     # -- requests -----------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=True)
+            return encode_prompt(self.tokenizer, prompt)
         ids = list(prompt)
         vocab = self.hf_config.vocab_size
         if any(not isinstance(t, int) or t < 0 or t >= vocab for t in ids):
@@ -338,6 +338,11 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> None:
         self.kv_manager.reset_prefix_cache()
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """A text prompt's token ids, special tokens (BOS) included, as transformers adds them."""
+    return tokenizer.encode(text, add_special_tokens=True)
 
 
 def _eos_ids(config, tokenizer) -> list[int]:

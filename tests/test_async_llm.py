@@ -26,14 +26,22 @@ def config(tiny_model_factory) -> EngineConfig:
                                max_num_batched_tokens=256, max_model_len=128, kv_cache_memory_bytes=64 * 8192)
 
 
+@pytest.fixture(scope="module", params=["process", "thread"])
+def core(request) -> str:
+    """Every test runs against the engine in its own process (as the service runs it) and
+    on a thread of this one."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def registry() -> CollectorRegistry:
+def registry(core) -> CollectorRegistry:
     return CollectorRegistry()
 
 
 @pytest.fixture(scope="module")
-def llm(config, registry):
-    llm = AsyncLLM(LLMEngine(config), EngineMetrics("tiny", registry=registry))
+def llm(config, registry, core):
+    metrics = EngineMetrics("tiny", registry=registry)
+    llm = AsyncLLM.start(config, metrics) if core == "process" else AsyncLLM(LLMEngine(config), metrics)
     yield llm
     llm.shutdown()
 
@@ -45,6 +53,16 @@ def run(coro, timeout: float = 120):
 
 async def collect(gen):
     return [item async for item in gen]
+
+
+def tokens(items, index: int = 0) -> list[int]:
+    """A sequence's token ids, put back together from its stream's deltas."""
+    return [t for item in items for d in item.deltas if d.index == index for t in d.token_ids]
+
+
+def finish_reason(items, index: int = 0) -> str | None:
+    return next((d.finish_reason for item in items for d in item.deltas if d.index == index and d.finish_reason),
+                None)
 
 
 def wait_until(pred, timeout: float = 10.0) -> bool:
@@ -62,11 +80,16 @@ def all_blocks_free(llm: AsyncLLM) -> bool:
     return s["blocks_free"] == s["blocks_total"] and s["num_running"] == 0 and s["num_waiting"] == 0
 
 
-def test_deltas_reassemble_the_cumulative_output(llm):
+def test_deltas_reassemble_the_offline_output(llm, config):
     params = SamplingParams(n=2, temperature=0.9, seed=3, max_tokens=12, logprobs=2, ignore_eos=True)
     items = run(collect(llm.generate("Hello there, how", params)))
     assert items[-1].finished and not any(o.finished for o in items[:-1])
-    final = items[-1].output
+    offline = LLMEngine(config)  # the same seeded request, stepped here to the end
+    offline.add_request("r", "Hello there, how", params)
+    final = None
+    while offline.has_unfinished():
+        final = next((o for o in offline.step().outputs if o.finished), final)
+    assert final is not None and items[-1].prompt_token_ids == final.prompt_token_ids
     for comp in final.outputs:
         mine = [d for o in items for d in o.deltas if d.index == comp.index]
         assert "".join(d.text for d in mine) == comp.text
@@ -89,7 +112,7 @@ def test_a_rejected_request_raises_before_output_and_disturbs_no_one(llm):
         return await good
 
     items = run(scenario())
-    assert len(items[-1].output.outputs[0].token_ids) == 10
+    assert len(tokens(items)) == 10
     assert wait_until(lambda: all_blocks_free(llm))
 
 
@@ -155,8 +178,8 @@ def test_abort_by_id_ends_the_stream_with_reason_abort(llm):
         return items
 
     items = run(scenario())
-    assert items[-1].finished and items[-1].output.outputs[0].finish_reason == "abort"
-    assert len(items[-1].output.outputs[0].token_ids) < 100
+    assert items[-1].finished and finish_reason(items) == "abort"
+    assert len(tokens(items)) < 100
     assert wait_until(lambda: all_blocks_free(llm))
 
 
@@ -172,7 +195,7 @@ def test_metrics_follow_the_requests(llm, registry):
                                     "pagedserve:prefix_cache_queries_total")}
     length_before = value("pagedserve:request_success_total", finished_reason="length")
     items = run(collect(llm.generate([7, 8, 9, 10, 11], SamplingParams(max_tokens=6, ignore_eos=True))))
-    assert len(items[-1].output.outputs[0].token_ids) == 6
+    assert len(tokens(items)) == 6
     assert wait_until(lambda: all_blocks_free(llm))
     grew = {k: value(k) - v for k, v in before.items()}
     assert grew["pagedserve:generation_tokens_total"] == 6
@@ -211,3 +234,27 @@ def test_engine_errors_reach_every_waiting_request(config):
     run(scenario(), timeout=60)
     assert not llm.is_alive and isinstance(llm.error, RuntimeError)
     assert llm.stats()["engine_alive"] is False
+
+
+def test_a_killed_engine_process_fails_every_waiter_and_health(config):
+    """The engine process dies mid-stream (OOM killer, a segfault in a kernel): every open
+    stream and every later request gets EngineDeadError, and liveness turns false."""
+    import os
+    import signal
+
+    llm = AsyncLLM.start(config)
+
+    async def scenario():
+        gens = [llm.generate(f"prompt {i}", SamplingParams(max_tokens=100, ignore_eos=True)) for i in range(3)]
+        first = await gens[0].__anext__()  # running for real before the kill
+        assert first.deltas
+        os.kill(llm._core.pid, signal.SIGKILL)
+        results = await asyncio.gather(*(collect(g) for g in gens), return_exceptions=True)
+        assert all(isinstance(r, EngineDeadError) for r in results), results
+        with pytest.raises(EngineDeadError):
+            await collect(llm.generate("after", SamplingParams(max_tokens=2)))
+
+    run(scenario(), timeout=60)
+    assert not llm.is_alive and "exited" in str(llm.error)
+    assert llm.stats()["engine_alive"] is False
+    llm.shutdown()

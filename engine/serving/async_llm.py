@@ -1,62 +1,64 @@
-"""AsyncLLM: the engine on its own thread, with an asyncio stream of deltas per request.
+"""AsyncLLM: one engine served to many asyncio consumers, each with a stream of deltas.
 
-LLMEngine is single-threaded and a step blocks for a whole forward pass, so it cannot
-run on the event loop. One engine thread owns it: it applies queued adds and aborts
-between steps, steps while there is work, and sleeps on the command queue when idle.
-Outputs cross back to each request's event loop with call_soon_threadsafe.
+The engine steps in a core (engine/serving/core.py): by default a child process, as the
+service runs it, or a thread of this process around an LLMEngine object. The core
+reports added requests, step outputs and its own death; AsyncLLM routes each output to
+its request's event loop with call_soon_threadsafe.
 
-Every engine output carries what its step added. A consumer that falls behind folds
-what piled up into one delta per sequence, so a slow client sees each token once and
-costs nothing that grows with the text so far.
+Every output carries what its step added. A consumer that falls behind folds what
+piled up into one delta per sequence, so a slow client sees each token once and costs
+nothing that grows with the text so far.
 
 Failure rules, which the HTTP layer relies on:
 - add_request's ParamError (a request that can never run) is raised from the caller's
   `generate` before anything is yielded, and touches no other request;
 - a consumer that stops iterating (client gone, task cancelled) aborts its request,
   which frees its KV blocks at the next step boundary;
-- if a step raises, every waiting stream gets EngineDeadError, later calls fail fast,
-  and `is_alive` turns False so /health answers 503. Nothing is left hanging.
+- if the engine dies (a step raises, the process exits), every waiting stream gets
+  EngineDeadError, later calls fail fast, and `is_alive` turns False so /health answers
+  503. Nothing is left hanging.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.engine import LLMEngine, StepOutput
-from engine.outputs import CompletionDelta, RequestOutput
+from engine.config import EngineConfig
+from engine.engine import LLMEngine, encode_prompt
+from engine.errors import ParamError
+from engine.models import loader
+from engine.outputs import CompletionDelta
 from engine.sampling_params import SamplingParams
+from engine.serving.core import EngineDeadError, ProcessCore, ThreadCore
+from engine.serving.wire import EngineOutput
+from engine.stats import StepStats
 
 if TYPE_CHECKING:
     from engine.serving.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
 
-
-class EngineDeadError(RuntimeError):
-    """The engine loop has stopped; no request can be served by this AsyncLLM again."""
+__all__ = ["AsyncLLM", "EngineDeadError", "StreamOutput"]
 
 
 @dataclass
 class StreamOutput:
-    """One item of a request's stream: the changed sequences' deltas plus the latest state."""
+    """One item of a request's stream: the changed sequences' deltas since the last item."""
 
     request_id: str
     prompt_token_ids: list[int]
     deltas: list[CompletionDelta]
     finished: bool
-    output: RequestOutput  # the latest engine output, cumulative fields included
     num_cached_tokens: int = 0
 
     @classmethod
-    def fold(cls, outs: list[RequestOutput]) -> StreamOutput:
+    def fold(cls, prompt_token_ids: list[int], outs: list[EngineOutput]) -> StreamOutput:
         """Several outputs of one request, oldest first, as one item."""
         merged: dict[int, CompletionDelta] = {}
         for out in outs:
@@ -67,18 +69,19 @@ class StreamOutput:
                     merged[d.index] = replace(d, token_ids=list(d.token_ids),
                                               logprobs=None if d.logprobs is None else list(d.logprobs))
         last = outs[-1]
-        return cls(last.request_id, last.prompt_token_ids, list(merged.values()), last.finished, last,
-                   last.num_cached_tokens)
+        return cls(last.request_id, prompt_token_ids, list(merged.values()), last.finished, last.num_cached_tokens)
 
 
 class _Stream:
-    """The hand-off from the engine thread to one request's event loop."""
+    """The hand-off from the core's thread to one request's event loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, prompt_token_ids: list[int]) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.prompt_token_ids = prompt_token_ids
+        self.queue: asyncio.Queue[EngineOutput | BaseException] = asyncio.Queue()
+        self.added: asyncio.Future[None] = loop.create_future()
 
-    def put(self, item: RequestOutput | BaseException) -> bool:
+    def put(self, item: EngineOutput | BaseException) -> bool:
         """Thread-safe; False when the consumer's loop is gone."""
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
@@ -86,80 +89,71 @@ class _Stream:
         except RuntimeError:  # loop closed
             return False
 
+    def resolve(self, error: BaseException | None) -> None:
+        def settle() -> None:
+            if not self.added.done():
+                self.added.set_result(None) if error is None else self.added.set_exception(error)
 
-@dataclass
-class _Add:
-    request_id: str
-    prompt: str | list[int]
-    params: SamplingParams
-    cache_salt: str | None
-    stream: _Stream
-    added: concurrent.futures.Future
-
-
-@dataclass
-class _Abort:
-    request_id: str
-
-
-@dataclass
-class _Stats:
-    answer: concurrent.futures.Future
-
-
-class _Stop:
-    pass
+        try:
+            self.loop.call_soon_threadsafe(settle)
+        except RuntimeError:
+            pass
 
 
 class AsyncLLM:
-    """Serve one LLMEngine to many asyncio consumers. Create it, then `generate` from any loop."""
+    """Serve one engine to many asyncio consumers. `AsyncLLM(engine)` steps an LLMEngine
+    on a thread here; `AsyncLLM.start(config)` builds the engine in its own process."""
 
-    def __init__(self, engine: LLMEngine, metrics: EngineMetrics | None = None) -> None:
-        self.engine = engine
+    def __init__(self, engine: LLMEngine | None = None, metrics: EngineMetrics | None = None,
+                 *, config: EngineConfig | None = None) -> None:
         self.metrics = metrics
-        self._cmds: queue.SimpleQueue[_Add | _Abort | _Stats | _Stop] = queue.SimpleQueue()
-        self._streams: dict[str, _Stream] = {}  # engine thread only
+        self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()  # orders submissions against death
         self._dead: BaseException | None = None
-        self._last_stats = engine.stats()  # what stats() answers once the loop is gone
+        callbacks = (self._on_added, self._on_step, self._on_dead)
+        if engine is not None:
+            self.engine: LLMEngine | None = engine
+            self._core: ThreadCore | ProcessCore = ThreadCore(engine, *callbacks)
+        else:
+            assert config is not None, "AsyncLLM needs an engine or a config"
+            self.engine = None
+            tokenizer = loader.load_tokenizer(loader.resolve(config.model))
+            self._core = ProcessCore(config, tokenizer, *callbacks)
         if metrics is not None:
-            metrics.record_start(self._last_stats)
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-        self._thread.start()
+            metrics.record_start(self._core.last_stats)
+
+    @classmethod
+    def start(cls, config: EngineConfig, metrics: EngineMetrics | None = None) -> AsyncLLM:
+        """The engine core in a child process: its busy loop never waits on this one's GIL."""
+        return cls(None, metrics, config=config)
 
     # -- facts the HTTP layer needs -------------------------------------------------
     @property
     def tokenizer(self) -> Any:
-        return self.engine.tokenizer
+        return self._core.tokenizer
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.max_model_len
+        return self._core.max_model_len
+
+    @property
+    def model_name(self) -> str:
+        return self._core.model_name
 
     @property
     def is_alive(self) -> bool:
-        return self._dead is None and self._thread.is_alive()
+        return self._dead is None and self._core.is_alive
 
     @property
     def error(self) -> BaseException | None:
         return self._dead
 
     def stats(self, timeout: float = 30.0) -> dict[str, Any]:
-        """The engine's stats, read on the engine thread between two steps, plus liveness.
+        """The engine's stats, read by the core between two steps, plus liveness.
 
-        Computed when asked, never per step; a dead loop answers with its last reading.
+        Computed when asked, never per step; a dead engine answers with its last reading.
         """
-        stats = self._last_stats
-        answer: concurrent.futures.Future = concurrent.futures.Future()
-        with self._lock:
-            alive = self._dead is None
-            if alive:
-                self._cmds.put(_Stats(answer))
-        if alive:
-            try:
-                stats = answer.result(timeout)
-            except (concurrent.futures.TimeoutError, EngineDeadError):
-                pass
+        stats = self._core.last_stats if self._dead is not None else self._core.stats(timeout)
         return {**asdict(stats), "engine_alive": self.is_alive}
 
     # -- requests -------------------------------------------------------------------
@@ -173,16 +167,25 @@ class AsyncLLM:
         """Queue a request and yield its deltas until it finishes.
 
         Raises the engine's ParamError before the first item when the request is invalid,
-        and EngineDeadError if the engine loop is or becomes dead. Leaving the loop early
+        and EngineDeadError if the engine is or becomes dead. Leaving the loop early
         (break, cancellation, a disconnected client) aborts the request.
         """
         request_id = request_id or uuid.uuid4().hex
-        stream = _Stream(asyncio.get_running_loop())
-        added: concurrent.futures.Future = concurrent.futures.Future()
-        self._submit(_Add(request_id, prompt, params or SamplingParams(), cache_salt, stream, added))
+        ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
+        stream = _Stream(asyncio.get_running_loop(), ids)
+        with self._lock:
+            if self._dead is not None:
+                raise EngineDeadError(f"the engine is dead: {self._dead!r}") from self._dead
+            if request_id in self._streams:
+                raise ParamError("request_id", f"request_id {request_id!r} is already in use")
+            self._streams[request_id] = stream  # before the add: a death from now on reaches it
         finished = False
         try:
-            await asyncio.wrap_future(added)
+            try:
+                self._core.add(request_id, ids, params or SamplingParams(), cache_salt)
+            except OSError:  # the engine process is gone; the core reports the death to the stream
+                pass
+            await stream.added
             while not finished:
                 items = [await stream.queue.get()]
                 while not isinstance(items[-1], BaseException) and not stream.queue.empty():
@@ -190,106 +193,56 @@ class AsyncLLM:
                 if isinstance(items[-1], BaseException):
                     finished = True  # the engine already dropped it
                     raise items[-1]
-                out = StreamOutput.fold(items)  # type: ignore[arg-type]
+                out = StreamOutput.fold(ids, items)  # type: ignore[arg-type]
                 finished = out.finished
                 yield out
         finally:
             # Not when the add itself failed: the id may belong to someone else's request.
-            if not finished and not _failed(added):
+            # Otherwise the core answers the abort with a finished output, which drops the stream.
+            if not finished and not _failed(stream.added):
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its blocks at the next step boundary. Thread-safe, idempotent."""
-        self._cmds.put(_Abort(request_id))
-
-    def _submit(self, cmd: _Add) -> None:
-        with self._lock:
-            if self._dead is not None:
-                raise EngineDeadError(f"the engine loop is dead: {self._dead!r}") from self._dead
-            self._cmds.put(cmd)
+        if self._dead is None:
+            self._core.abort(request_id)
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the loop; requests still in flight get EngineDeadError."""
-        self._cmds.put(_Stop())
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        """Stop the engine; requests still in flight get EngineDeadError."""
+        self._core.shutdown(timeout)
 
-    # -- the engine thread ----------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            while self._apply(block=not self.engine.has_unfinished()):
-                if self.engine.has_unfinished():
-                    step = self.engine.step()
-                    self._record(step)
-                    self._publish(step.outputs)
-        except BaseException as exc:  # noqa: BLE001 - whatever kills the loop must reach the waiters
-            logger.exception("engine loop died")
-            self._die(exc)
-        else:
-            self._die(EngineDeadError("the engine was shut down"))
+    # -- callbacks from the core's thread -------------------------------------------
+    def _on_added(self, request_id: str, error: BaseException | None) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        if error is not None:
+            self._streams.pop(request_id, None)
+        stream.resolve(error)
 
-    def _apply(self, block: bool) -> bool:
-        """Apply every queued command; wait for one first when idle. False means stop."""
-        cmds = [self._cmds.get()] if block else []
-        cmds += self._drain()
-        for cmd in cmds:
-            if isinstance(cmd, _Stop):
-                return False
-            if isinstance(cmd, _Stats):
-                self._last_stats = self.engine.stats()
-                cmd.answer.set_result(self._last_stats)
-            elif isinstance(cmd, _Abort):
-                out = self.engine.abort(cmd.request_id)
-                if out is not None:
-                    self._record(StepOutput([out], self.engine.gauges()))
-                    self._publish([out])
-            elif cmd.added.set_running_or_notify_cancel():  # False: caller gave up before we got here
-                try:
-                    self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, cmd.cache_salt)
-                except Exception as exc:  # noqa: BLE001 - a bad request fails alone
-                    cmd.added.set_exception(exc)
-                else:
-                    self._streams[cmd.request_id] = cmd.stream
-                    cmd.added.set_result(None)
-        return True
-
-    def _record(self, step: StepOutput) -> None:
+    def _on_step(self, outputs: list[EngineOutput], stats: StepStats) -> None:
         if self.metrics is not None:
             try:
-                self.metrics.record_step(step)
+                self.metrics.record_step(outputs, stats)
             except Exception:  # noqa: BLE001 - metrics must never take serving down
                 logger.exception("recording metrics failed")
-
-    def _publish(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
             if stream is not None and not stream.put(out) and not out.finished:
                 self._streams.pop(out.request_id, None)
-                self.engine.abort(out.request_id)  # nobody is listening any more
+                self._core.abort(out.request_id)  # nobody is listening any more
 
-    def _drain(self) -> list[_Add | _Abort | _Stats | _Stop]:
-        cmds = []
-        while True:
-            try:
-                cmds.append(self._cmds.get_nowait())
-            except queue.Empty:
-                return cmds
-
-    def _die(self, exc: BaseException) -> None:
+    def _on_dead(self, exc: BaseException) -> None:
         with self._lock:
             self._dead = exc
-            pending = self._drain()
-        for cmd in pending:
-            if isinstance(cmd, _Add) and cmd.added.set_running_or_notify_cancel():
-                cmd.added.set_exception(EngineDeadError(f"the engine loop is dead: {exc!r}"))
-            elif isinstance(cmd, _Stats):
-                cmd.answer.set_result(self._last_stats)
-        for stream in self._streams.values():
-            err = EngineDeadError(f"the engine loop is dead: {exc!r}")
+            streams = list(self._streams.values())
+            self._streams.clear()
+        for stream in streams:
+            err = EngineDeadError(f"the engine is dead: {exc!r}")
             err.__cause__ = exc
+            stream.resolve(err)
             stream.put(err)
-        self._streams.clear()
 
 
-def _failed(fut: concurrent.futures.Future) -> bool:
+def _failed(fut: asyncio.Future) -> bool:
     return fut.done() and not fut.cancelled() and fut.exception() is not None

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.errors import ParamError
-from engine.serving.async_llm import EngineDeadError
+from engine.serving.core import EngineDeadError
 from engine.serving.protocol import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)

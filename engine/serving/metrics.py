@@ -19,11 +19,10 @@ increments, so nothing here re-derives what the engine already knew.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from engine.engine import StepOutput
-from engine.outputs import RequestOutput
+from engine.serving.wire import EngineOutput
 from engine.stats import EngineStats, StepStats
 
 PREFIX = "pagedserve"
@@ -43,6 +42,7 @@ class _Seen:
 
     first_token: bool = False
     last_token_time: float = 0.0
+    reasons: list[str] = field(default_factory=list)  # finish reasons of its sequences so far
 
 
 class EngineMetrics:
@@ -98,11 +98,11 @@ class EngineMetrics:
                              (self.blocks_cached_free, stats.blocks_cached_free)):
             gauge.set(value)
 
-    def record_step(self, step: StepOutput, now: float | None = None) -> None:
-        self.record_outputs(step.outputs, now)
-        self.record_stats(step.stats)
+    def record_step(self, outputs: list[EngineOutput], stats: StepStats, now: float | None = None) -> None:
+        self.record_outputs(outputs, now)
+        self.record_stats(stats)
 
-    def record_outputs(self, outputs: list[RequestOutput], now: float | None = None) -> None:
+    def record_outputs(self, outputs: list[EngineOutput], now: float | None = None) -> None:
         """Count new tokens and observe latencies from one step's outputs."""
         now = time.monotonic() if now is None else now
         for out in outputs:
@@ -113,7 +113,7 @@ class EngineMetrics:
                 self.generation_tokens.inc(new)
                 if not seen.first_token:
                     seen.first_token = True
-                    self.prompt_tokens.inc(len(out.prompt_token_ids))
+                    self.prompt_tokens.inc(out.num_prompt_tokens)
                     if m is not None and m.first_token_time is not None:
                         self.ttft.observe(m.first_token_time - m.arrival_time)
                         if m.first_scheduled_time is not None:
@@ -121,12 +121,12 @@ class EngineMetrics:
                 else:
                     self.itl.observe(now - seen.last_token_time)
                 seen.last_token_time = now
+            seen.reasons += [d.finish_reason for d in out.deltas if d.finish_reason]
             if out.finished:
                 self._finish(out, now)
 
-    def _finish(self, out: RequestOutput, now: float) -> None:
-        self._seen.pop(out.request_id, None)
-        reasons = [c.finish_reason for c in out.outputs if c.finish_reason]
+    def _finish(self, out: EngineOutput, now: float) -> None:
+        reasons = self._seen.pop(out.request_id).reasons
         reason = "abort" if "abort" in reasons or not reasons else reasons[0]
         self._success.labels(self._model_name, reason).inc()
         m = out.metrics

@@ -1,0 +1,382 @@
+#!/usr/bin/env python
+"""Serving benchmark: streaming load against OpenAI-compatible servers, ours and a peer.
+
+Sends streaming `/v1/completions` requests with token-id prompts (so every server sees
+exactly the same tokens), `ignore_eos`, greedy, and measures per request the time to
+first token (TTFT), the gaps between streamed chunks (ITL), time per output token after
+the first (TPOT) and end-to-end latency; per load level the output tok/s and the
+goodput under an SLO. Load is a fixed concurrency (a sweep) or Poisson arrivals.
+
+Servers: `--url` measures one that is already running; otherwise `--servers` starts
+ours (`bentoml serve` on a preset written from the flags) and/or vLLM's CPU server
+(`vllm serve` from .peers/vllm, scripts/setup_vllm_peer.sh) on the same weights, dtype
+and scheduler limits, one at a time on the same cores. `--offline` also runs our engine
+in-process on the same requests, so the cost of serving shows as a ratio.
+
+Writes JSON and PNG plots (latency against throughput; TTFT and ITL distributions).
+
+    python scripts/bench_serving.py --servers ours,vllm --concurrency 1,16,64 --offline
+    python scripts/bench_serving.py --url http://localhost:3000 --request-rate 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench_throughput import VLLM_PYTHON, all_cores  # noqa: E402  (scripts/ is on sys.path)
+from bench_throughput import workload as synthetic_workload  # noqa: E402
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class Result:
+    ok: bool
+    ttft: float = 0.0
+    e2e: float = 0.0
+    output_tokens: int = 0
+    itls: list[float] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def tpot(self) -> float:
+        return (self.e2e - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
+
+
+# -- workloads ------------------------------------------------------------------------
+def make_workload(args, vocab: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(args.seed)
+    n = args.num_prompts
+
+    def ids(k: int) -> list[int]:
+        return [rng.randrange(100, vocab) for _ in range(k)]
+
+    if args.workload == "synthetic":  # bench_throughput's mix of lengths
+        return synthetic_workload(n, args.seed, vocab)
+    if args.workload == "random":
+        return [(ids(args.input_len), args.output_len) for _ in range(n)]
+    prefix = ids(args.prefix_len)  # shared-prefix: one system prompt, different questions
+    return [(prefix + ids(args.input_len - args.prefix_len), args.output_len) for _ in range(n)]
+
+
+# -- one request ----------------------------------------------------------------------
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int
+                      ) -> Result:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    last = start
+    res = Result(ok=False)
+    chunks = 0
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if "error" in data:
+                    res.error = str(data["error"])[:200]
+                    return res
+                if data.get("usage"):
+                    res.output_tokens = data["usage"]["completion_tokens"]
+                if data.get("choices") and data["choices"][0].get("text"):
+                    now = time.perf_counter()
+                    if chunks == 0:
+                        res.ttft = now - start
+                    else:
+                        res.itls.append(now - last)
+                    last = now
+                    chunks += 1
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        res.error = repr(exc)[:200]
+        return res
+    res.e2e = time.perf_counter() - start
+    res.output_tokens = res.output_tokens or chunks
+    res.ok = res.output_tokens == max_tokens
+    if not res.ok and not res.error:
+        res.error = f"got {res.output_tokens} of {max_tokens} tokens"
+    return res
+
+
+async def run_level(url: str, model: str, reqs, concurrency: int | None, rate: float | None, seed: int
+                    ) -> tuple[list[Result], float]:
+    """All requests at a fixed concurrency, or with Poisson arrivals at `rate` per second."""
+    limits = httpx.Limits(max_connections=max(concurrency or 0, 256), max_keepalive_connections=256)
+    timeout = httpx.Timeout(3600.0)
+    rng = np.random.default_rng(seed)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        sem = asyncio.Semaphore(concurrency or len(reqs))
+
+        async def limited(prompt, n):
+            async with sem:
+                return await one_request(client, url, model, prompt, n)
+
+        start = time.perf_counter()
+        tasks = []
+        for prompt, n in reqs:
+            tasks.append(asyncio.create_task(limited(prompt, n)))
+            if rate:
+                await asyncio.sleep(float(rng.exponential(1.0 / rate)))
+        results = await asyncio.gather(*tasks)
+        return list(results), time.perf_counter() - start
+
+
+def summarize(results: list[Result], duration: float, slo_ttft: float, slo_tpot: float) -> dict:
+    ok = [r for r in results if r.ok]
+
+    def pct(xs: list[float]) -> dict[str, float]:
+        if not xs:
+            return {f"p{p}": float("nan") for p in PERCENTILES} | {"mean": float("nan")}
+        a = np.asarray(xs) * 1000.0
+        return {f"p{p}": float(np.percentile(a, p)) for p in PERCENTILES} | {"mean": float(a.mean())}
+
+    good = [r for r in ok if r.ttft * 1000 <= slo_ttft and r.tpot * 1000 <= slo_tpot]
+    out_tokens = sum(r.output_tokens for r in ok)
+    return {
+        "requests": len(results), "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "duration_s": duration, "output_tok_s": out_tokens / duration, "request_s": len(ok) / duration,
+        "goodput_req_s": len(good) / duration, "slo_met": len(good) / max(1, len(results)),
+        "ttft_ms": pct([r.ttft for r in ok]), "itl_ms": pct([x for r in ok for x in r.itls]),
+        "tpot_ms": pct([r.tpot for r in ok if r.output_tokens > 1]), "e2e_ms": pct([r.e2e for r in ok]),
+        "_ttft_all": [r.ttft * 1000 for r in ok], "_itl_all": [x * 1000 for r in ok for x in r.itls],
+    }
+
+
+# -- servers --------------------------------------------------------------------------
+def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float, log: Path) -> str:
+    """Poll /v1/models until it answers; returns the served model id."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}; log tail:\n{log.read_text()[-3000:]}")
+        try:
+            r = httpx.get(url + "/v1/models", timeout=5)
+            if r.status_code == 200:
+                return r.json()["data"][0]["id"]
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise SystemExit(f"server at {url} not ready after {timeout:.0f}s; log tail:\n{log.read_text()[-3000:]}")
+
+
+def start_ours(args, port: int, log: Path) -> subprocess.Popen:
+    preset = Path(tempfile.mkdtemp()) / "bench.yaml"
+    preset.write_text(json.dumps({  # JSON is YAML
+        "engine": {"model": args.model, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
+                   "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": 1024,
+                   "kv_cache_memory_bytes": args.kv_bytes, "enable_prefix_caching": args.prefix_caching},
+        "service": {"traffic": {"timeout": 3600, "concurrency": args.max_num_seqs}},
+    }))
+    env = {**os.environ, "PAGEDSERVE_CONFIG": str(preset)}
+    bentoml = Path(sys.executable).parent / "bentoml"
+    cmd = [str(bentoml), "serve", "service:LLMService", "--port", str(port)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            preexec_fn=all_cores)
+
+
+def start_vllm(args, model_dir: Path, port: int, log: Path) -> subprocess.Popen:
+    if not VLLM_PYTHON.is_file():
+        raise SystemExit("vLLM peer missing: run scripts/setup_vllm_peer.sh first")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(max(1, args.kv_bytes >> 30))}
+    if args.vllm_reserved_cpus is not None:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(args.vllm_reserved_cpus)
+    cmd = [str(VLLM_PYTHON.parent / "vllm"), "serve", str(model_dir), "--port", str(port),
+           "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
+           "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--max-model-len", "1024",
+           "--seed", "0"]
+    cmd.append("--enable-prefix-caching" if args.prefix_caching else "--no-enable-prefix-caching")
+    return subprocess.Popen(cmd, cwd="/tmp", env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            preexec_fn=all_cores)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def offline_tok_s(args, reqs) -> float:
+    """Our engine in-process on the same requests: what serving is compared with."""
+    from engine import LLM, SamplingParams
+
+    llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_bytes=args.kv_bytes,
+              enable_prefix_caching=args.prefix_caching, max_model_len=1024)
+    llm.generate([reqs[0][0]], [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)], use_tqdm=False)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in reqs]
+    start = time.perf_counter()
+    llm.generate([p for p, _ in reqs], params, use_tqdm=False)
+    return sum(n for _, n in reqs) / (time.perf_counter() - start)
+
+
+# -- report ---------------------------------------------------------------------------
+def plot(report: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for server, levels in report["servers"].items():
+        xs = [lv["output_tok_s"] for lv in levels]
+        for ax, metric in zip(axes, ("ttft_ms", "itl_ms")):
+            for p, style in (("p50", "-o"), ("p99", "--x")):
+                ax.plot(xs, [lv[metric][p] for lv in levels], style, label=f"{server} {p}")
+            for lv in levels:
+                ax.annotate(lv["label"], (lv["output_tok_s"], lv[metric]["p99"]), fontsize=7)
+    for ax, name in zip(axes, ("TTFT", "inter-token latency")):
+        ax.set(xlabel="output tok/s", ylabel=f"{name} (ms)", yscale="log", title=f"{name} against throughput")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out.with_name(out.stem + "_latency_throughput.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for server, levels in report["servers"].items():
+        for lv in levels:
+            for ax, key in zip(axes, ("_ttft_all", "_itl_all")):
+                xs = np.sort(lv[key])
+                if len(xs):
+                    ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=f"{server} {lv['label']}")
+    for ax, name in zip(axes, ("TTFT", "inter-token latency")):
+        ax.set(xlabel=f"{name} (ms)", ylabel="fraction of samples", xscale="log", title=f"{name} distribution")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out.with_name(out.stem + "_distributions.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def print_table(report: dict) -> None:
+    print(f"{'server':8s} {'load':>8s} {'tok/s':>8s} {'TTFT p50':>9s} {'p99':>8s} {'ITL p50':>8s} {'p99':>8s} "
+          f"{'TPOT p50':>9s} {'E2E p99':>9s} {'good/s':>7s} {'fail':>5s}")
+    for server, levels in report["servers"].items():
+        for lv in levels:
+            print(f"{server:8s} {lv['label']:>8s} {lv['output_tok_s']:8.1f} {lv['ttft_ms']['p50']:9.0f} "
+                  f"{lv['ttft_ms']['p99']:8.0f} {lv['itl_ms']['p50']:8.1f} {lv['itl_ms']['p99']:8.1f} "
+                  f"{lv['tpot_ms']['p50']:9.1f} {lv['e2e_ms']['p99']:9.0f} {lv['goodput_req_s']:7.2f} "
+                  f"{lv['failed']:5d}")
+            for err in lv["errors"]:
+                print(f"    error: {err}")
+    names = list(report["servers"])
+    if len(names) == 2:
+        a, b = names
+        for la, lb in zip(report["servers"][a], report["servers"][b]):
+            print(f"{la['label']:>8s}: {a}/{b} tok/s {la['output_tok_s'] / lb['output_tok_s']:.2f}x, "
+                  f"TTFT p99 {la['ttft_ms']['p99']:.0f} vs {lb['ttft_ms']['p99']:.0f} ms")
+    if "offline_tok_s" in report:
+        for lv in report["servers"].get("ours", []):
+            print(f"{lv['label']:>8s}: served/offline {lv['output_tok_s'] / report['offline_tok_s']:.1%}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", help="measure this running server instead of starting any")
+    ap.add_argument("--servers", default="ours", help="comma list of ours,vllm to start and measure in turn")
+    ap.add_argument("--model", default=None, help="HF dir or GGUF; default: the embedded SmolLM2-135M")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--workload", default="random", choices=["random", "synthetic", "shared-prefix"])
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--prefix-len", type=int, default=192, help="shared-prefix: tokens every prompt shares")
+    ap.add_argument("--num-prompts", type=int, default=0, help="per load level; 0: 2 x concurrency, at least 8")
+    ap.add_argument("--concurrency", default="1,16,64", help="comma list: a sweep of fixed concurrency")
+    ap.add_argument("--request-rate", type=float, default=0, help="Poisson arrivals per second instead")
+    ap.add_argument("--slo-ttft-ms", type=float, default=2000)
+    ap.add_argument("--slo-tpot-ms", type=float, default=200)
+    ap.add_argument("--offline", action="store_true", help="also run our engine offline on the same requests")
+    ap.add_argument("--prefix-caching", action="store_true")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--kv-bytes", type=int, default=2 << 30)
+    ap.add_argument("--vllm-reserved-cpus", type=int, default=None, help="unset: vLLM's default")
+    ap.add_argument("--port", type=int, default=3123)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "serving.json"))
+    args = ap.parse_args()
+
+    from engine.models import loader
+
+    files = loader.resolve(args.model)
+    vocab = loader.load_config(files).vocab_size
+    levels = [(f"rate {args.request_rate:g}", None, args.request_rate)] if args.request_rate else [
+        (f"c={c}", c, None) for c in (int(x) for x in args.concurrency.split(","))]
+    workloads = {}
+    for label, c, _ in levels:
+        n = args.num_prompts or max(8, 2 * (c or 32))
+        workloads[label] = make_workload(argparse.Namespace(**{**vars(args), "num_prompts": n}), vocab)
+
+    report: dict = {"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
+                    "cpus": os.cpu_count(), "args": vars(args), "servers": {}}
+    if args.offline:
+        biggest = workloads[levels[-1][0]]
+        report["offline_tok_s"] = offline_tok_s(args, biggest)
+        print(f"offline engine on the {levels[-1][0]} requests: {report['offline_tok_s']:.1f} tok/s")
+
+    servers = ["url"] if args.url else args.servers.split(",")
+    for server in servers:
+        log = Path(tempfile.gettempdir()) / f"bench_serving_{server}.log"
+        proc = None
+        url = args.url or f"http://127.0.0.1:{args.port}"
+        t0 = time.perf_counter()
+        if server == "ours":
+            proc = start_ours(args, args.port, log)
+        elif server == "vllm":
+            proc = start_vllm(args, files.path, args.port, log)
+        try:
+            model = wait_ready(url, proc, 900, log)
+            print(f"{server}: ready in {time.perf_counter() - t0:.0f}s, model {model!r}")
+            warm = workloads[levels[0][0]][:2]
+            asyncio.run(run_level(url, model, warm, 2, None, args.seed))
+            results = []
+            for label, c, rate in levels:
+                res, duration = asyncio.run(run_level(url, model, workloads[label], c, rate, args.seed))
+                summary = summarize(res, duration, args.slo_ttft_ms, args.slo_tpot_ms)
+                summary["label"] = label
+                results.append(summary)
+                print(f"{server} {label}: {summary['output_tok_s']:.1f} tok/s, TTFT p99 "
+                      f"{summary['ttft_ms']['p99']:.0f} ms, {summary['failed']} failed", flush=True)
+            report["servers"][server] = results
+        finally:
+            if proc is not None:
+                stop(proc)
+    print_table(report)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for path in plot(report, out):
+        print("wrote", path)
+    for levels_ in report["servers"].values():
+        for lv in levels_:
+            lv.pop("_ttft_all"), lv.pop("_itl_all")
+    out.write_text(json.dumps(report, indent=2))
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()
