@@ -147,6 +147,10 @@ class LLMEngine:
                 f"({self.max_model_len})",
             )
         params = replace(params, max_tokens=max_tokens)
+        vocab = self.hf_config.vocab_size
+        for name, ids in params.token_ids_used().items():
+            if any(t >= vocab for t in ids):
+                raise ParamError(name, f"{name} names token ids outside the vocabulary [0, {vocab})")
         if params.n > self.config.max_num_seqs:
             raise ParamError("n", f"n ({params.n}) exceeds max_num_seqs ({self.config.max_num_seqs})")
         now = time.monotonic()

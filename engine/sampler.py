@@ -58,6 +58,7 @@ class Sampler:
         x = logits.to(torch.float32, copy=True)
         self._mask_min_tokens(x, rows)
         apply_penalties(x, rows)
+        apply_bias(x, rows)
 
         tokens = torch.empty(len(rows), dtype=torch.long, device=x.device)
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
@@ -141,6 +142,20 @@ def apply_penalties(x: torch.Tensor, rows: list[SamplingRow]) -> None:
     v = torch.where(seen & (rep != 1), torch.where(v > 0, v / rep, v * rep), v)
     v = v - freq * out_counts - pres * (out_counts > 0).float()
     x[rows_idx] = v
+
+
+def apply_bias(x: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """OpenAI's logit_bias and vLLM's allowed_token_ids, in place, on the rows that ask."""
+    for i, r in enumerate(rows):
+        p = r.params
+        if p.allowed_token_ids is not None:
+            keep = torch.tensor(p.allowed_token_ids, device=x.device)
+            allowed = x[i, keep]
+            x[i] = -torch.inf
+            x[i, keep] = allowed
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), device=x.device)
+            x[i, ids] += torch.tensor(list(p.logit_bias.values()), device=x.device)
 
 
 def _token_counts(seqs: list[list[int]], vocab: int, dev: torch.device) -> torch.Tensor:

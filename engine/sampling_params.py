@@ -36,6 +36,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    allowed_token_ids: list[int] | None = None  # None: every token; else only these
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -63,6 +65,18 @@ class SamplingParams:
         _check(self, "logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]")
         _check(self, "stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings")
         _check(self, "stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "must be non-negative")
+        self.logit_bias = {int(t): float(b) for t, b in (self.logit_bias or {}).items()}
+        _check(self, "logit_bias", all(t >= 0 and -100 <= b <= 100 for t, b in self.logit_bias.items()),
+               "must map non-negative token ids to biases in [-100, 100]")
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+            _check(self, "allowed_token_ids", bool(self.allowed_token_ids) and min(self.allowed_token_ids) >= 0,
+                   "must be a non-empty list of non-negative token ids")
+
+    def token_ids_used(self) -> dict[str, list[int]]:
+        """Every token id a field names, by field: the engine checks them against its vocabulary."""
+        return {"stop_token_ids": self.stop_token_ids, "logit_bias": list(self.logit_bias),
+                "allowed_token_ids": self.allowed_token_ids or []}
 
     @property
     def greedy(self) -> bool:

@@ -200,7 +200,9 @@ def start_vllm(args, model_dir: Path, port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(max(1, args.kv_bytes >> 30))}
     if args.vllm_reserved_cpus is not None:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(args.vllm_reserved_cpus)
-    cmd = [str(VLLM_PYTHON.parent / "vllm"), "serve", str(model_dir), "--port", str(port),
+    # `vllm serve` looks up the version of a distribution named "vllm", which vllm-cpu is not.
+    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--port", str(port),
            "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
            "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--max-model-len", "1024",
            "--seed", "0"]

@@ -241,8 +241,19 @@ def test_typed_bentoml_client(server, client):
 # -- bad input -----------------------------------------------------------------------------
 LONG = "word " * 600  # > max_model_len (512) tokens
 BAD = [
-    ("chat", {"model": "gpt-4", "messages": CHAT}, "model"),
     ("chat", {"model": MODEL, "messages": CHAT, "max_tokens": "lots"}, "max_tokens"),
+    # types are strict, as OpenAI documents: no quiet coercion of strings or floats
+    ("chat", {"model": MODEL, "messages": CHAT, "max_tokens": "12"}, "max_tokens"),
+    ("completions", {"model": MODEL, "prompt": "hi", "n": 2.0}, "n"),
+    ("completions", {"model": MODEL, "prompt": "hi", "stream": "true"}, "stream"),
+    # a field we do not know is named, never silently ignored
+    ("chat", {"model": MODEL, "messages": CHAT, "frobnicate": 1}, "frobnicate"),
+    ("completions", {"model": MODEL, "prompt": "hi", "stream_options": {"include_usage": True, "x": 1}},
+     "stream_options.x"),
+    ("chat", {"model": MODEL, "messages": CHAT, "logit_bias": {"49152": 5}}, "logit_bias"),  # past the vocab
+    ("chat", {"model": MODEL, "messages": CHAT, "logit_bias": {"10": 101}}, "logit_bias"),
+    ("completions", {"model": MODEL, "prompt": "hi", "logit_bias": {"ten": 1}}, "logit_bias"),
+    ("completions", {"model": MODEL, "prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids"),
     ("chat", {"model": MODEL, "messages": "hello"}, "messages"),
     ("completions", {"model": MODEL, "prompt": "hi", "temperature": "hot"}, "temperature"),
     ("completions", {"model": MODEL, "prompt": 42}, "prompt"),
@@ -275,11 +286,47 @@ def test_bad_input_is_a_400_with_openai_error(http, route, body, param):
     assert err["type"] == "invalid_request_error" and err["param"] == param
 
 
+def test_an_unknown_model_is_a_404_model_not_found(client, http):
+    with pytest.raises(openai.NotFoundError) as exc:
+        client.chat.completions.create(model="gpt-4", messages=CHAT)
+    assert exc.value.body["code"] == "model_not_found" and exc.value.body["param"] == "model"
+    assert http.post("/tokenize", json={"model": "nope", "prompt": "x"}).status_code == 404
+
+
+def test_advisory_fields_are_accepted(client):
+    r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2, user="u-1",
+                                       metadata={"team": "a"}, store=False)
+    assert r.usage.completion_tokens >= 1
+
+
+def test_logit_bias_and_allowed_token_ids_steer_every_token(client, http):
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=0,
+                                  logit_bias={"1000": 100}, logprobs=1, extra_body={"ignore_eos": True})
+    assert r.choices[0].logprobs.tokens == [http.post("/detokenize", json={"tokens": [1000]}).json()["prompt"]] * 6
+    allowed = [1000, 2000, 3000]
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=1,
+                                  logprobs=1, extra_body={"allowed_token_ids": allowed, "ignore_eos": True})
+    words = {http.post("/detokenize", json={"tokens": [t]}).json()["prompt"] for t in allowed}
+    assert set(r.choices[0].logprobs.tokens) <= words and len(r.choices[0].logprobs.tokens) == 8
+
+
+def test_usage_reports_cached_prompt_tokens_and_streams_continuously(client):
+    long_prompt = "The history of the printing press begins in the fifteenth century. " * 8
+    client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=1)
+    again = client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=1)
+    assert again.usage.prompt_tokens_details.cached_tokens >= 16  # at least one whole block
+    chunks = list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, stream=True,
+                                            extra_body={"ignore_eos": True},
+                                            stream_options={"include_usage": True,
+                                                            "continuous_usage_stats": True}))
+    counted = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counted and all(b >= a for a, b in zip(counted, counted[1:])) and counted[-1] == 4
+
+
 def test_bad_input_leaves_no_trace(client, http):
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model=MODEL, messages=CHAT, temperature=-1)
     assert exc.value.body["param"] == "temperature"
-    assert http.post("/tokenize", json={"model": "nope", "prompt": "x"}).status_code == 400
     stats = wait_idle(http)
     assert stats["blocks_free"] == stats["blocks_total"]
     assert client.completions.create(model=MODEL, prompt="Hello", max_tokens=3).usage.completion_tokens >= 1

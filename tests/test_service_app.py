@@ -38,6 +38,41 @@ def test_health_and_routes_report_a_dead_engine(tiny_model_factory):
         assert tc.post("/v1/completions", json={"prompt": "hi"}).status_code == 503
 
 
+def test_a_stream_that_fails_after_its_headers_ends_with_an_error_event_then_done(tiny_model_factory):
+    """The engine process is killed mid-stream: the client gets OpenAI's error object as an
+    event and then `data: [DONE]`, as vLLM sends, so SDKs close the stream cleanly."""
+    import json
+    import os
+    import signal
+
+    from starlette.testclient import TestClient
+
+    from engine.config import EngineConfig
+    from engine.serving.app import create_app
+    from engine.serving.async_llm import AsyncLLM
+    from engine.serving.handlers import OpenAIServing
+
+    cfg = EngineConfig.create(model=str(tiny_model_factory("dead-tiny")), device="cpu", dtype="float32",
+                              max_model_len=512, kv_cache_memory_bytes=64 * 8192)
+    llm = AsyncLLM.start(cfg)
+    serving = OpenAIServing(llm, "tiny")
+    with TestClient(create_app(lambda: serving)) as tc:
+        body = {"prompt": "hi", "max_tokens": 500, "ignore_eos": True, "stream": True}
+        with tc.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            events = []
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[6:])
+                if len(events) == 2:
+                    os.kill(llm._core.pid, signal.SIGKILL)
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["type"] == "server_error"
+        assert tc.get("/health").status_code == 503
+    llm.shutdown()
+
+
 def test_api_key_middleware_is_open_without_a_key(monkeypatch):
     from starlette.applications import Starlette
     from starlette.responses import PlainTextResponse

@@ -58,6 +58,8 @@ def parse(body: bytes, model: type[BaseModel]) -> Any:
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         loc = _json_path(data, err["loc"])
+        if err["type"] == "extra_forbidden":  # OpenAI's wording for a field it does not know
+            raise bad_request(f"Unrecognized request argument supplied: {loc}", loc) from None
         msg = err["msg"].removeprefix("Value error, ")
         raise bad_request(f"{loc}: {msg}" if loc else msg, loc or None) from None
 
@@ -115,6 +117,7 @@ async def _sse(events: AsyncIterator[str]) -> AsyncIterator[str]:
             yield event
     except Exception as exc:  # noqa: BLE001
         yield f"data: {json.dumps(to_api_error(exc).body())}\n\n"
+        yield "data: [DONE]\n\n"  # clients wait for it to close the stream
 
 
 def _openai_route(get_serving: GetServing, handler: Handler) -> Callable[[Request], Awaitable[Response]]:

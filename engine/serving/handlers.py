@@ -27,8 +27,8 @@ from engine.serving.protocol import (
     ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
     ChatMessage, ChatResponseMessage, ChatStreamChoice, ChatTokenLogprob, CompletionChoice, CompletionChunk,
     CompletionLogprobs, CompletionRequest, CompletionResponse, DeltaMessage, DetokenizeRequest,
-    DetokenizeResponse, ModelCard, ModelList, SamplingFields, TokenizeRequest, TokenizeResponse, TopLogprob,
-    UsageInfo, random_id,
+    DetokenizeResponse, ModelCard, ModelList, PromptTokensDetails, SamplingFields, TokenizeRequest,
+    TokenizeResponse, TopLogprob, UsageInfo, random_id,
 )
 
 DONE = "data: [DONE]\n\n"
@@ -60,7 +60,7 @@ class OpenAIServing:
     # -- simple routes --------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(400, f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+            raise APIError(404, f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
                            "invalid_request_error", "model", "model_not_found")
 
     def models(self) -> ModelList:
@@ -102,6 +102,8 @@ class OpenAIServing:
             "stop": [req.stop] if isinstance(req.stop, str) else list(req.stop or []),
             "stop_token_ids": list(req.stop_token_ids or []), "min_tokens": req.min_tokens,
             "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens,
+            "logit_bias": _token_keys(req.logit_bias or {}, "logit_bias"),
+            "allowed_token_ids": req.allowed_token_ids,
         }
         for name, value in (("temperature", req.temperature), ("top_p", req.top_p), ("top_k", req.top_k),
                             ("min_p", req.min_p), ("repetition_penalty", req.repetition_penalty),
@@ -141,7 +143,7 @@ class OpenAIServing:
         rid = random_id("chatcmpl")
         [(first, gen)] = await self._start([prompt], params, rid, req.cache_salt, names)
         if req.stream:
-            return self._chat_stream(rid, first, gen, req.n, req.include_usage)
+            return self._chat_stream(rid, first, gen, req.n, req.include_usage, req.continuous_usage)
         choices = [_Choice() for _ in range(req.n)]
         last = await _collect([(first, gen)], choices, 0, req.n)
         return ChatCompletionResponse(
@@ -152,7 +154,7 @@ class OpenAIServing:
                      for i, c in enumerate(choices)])
 
     async def _chat_stream(self, rid: str, first: StreamOutput, gen: AsyncIterator[StreamOutput], n: int,
-                           include_usage: bool) -> AsyncIterator[str]:
+                           include_usage: bool, continuous_usage: bool) -> AsyncIterator[str]:
         created = int(time.time())
 
         def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
@@ -168,7 +170,8 @@ class OpenAIServing:
                     _absorb(choices[d.index], d)
                     lp = self._chat_logprobs(d.logprobs) if d.logprobs is not None else None
                     yield chunk([ChatStreamChoice(index=d.index, delta=DeltaMessage(content=d.text), logprobs=lp,
-                                                  finish_reason=d.finish_reason, stop_reason=d.stop_reason)])
+                                                  finish_reason=d.finish_reason, stop_reason=d.stop_reason)],
+                                _usage([out], choices) if continuous_usage else None)
             if include_usage:
                 yield chunk([], _usage([out], choices))
             yield DONE
@@ -206,7 +209,8 @@ class OpenAIServing:
         n, total = req.n, req.n * len(prompts)
         echoes = [self._echo(p) if req.echo else "" for p in prompts]
         if req.stream:
-            return self._completion_stream(rid, started, n, echoes, req.include_usage, req.logprobs is not None)
+            return self._completion_stream(rid, started, n, echoes, req.include_usage, req.logprobs is not None,
+                                           req.continuous_usage)
         choices = [_Choice() for _ in range(total)]
         outs = await asyncio.gather(*(_collect([s], choices, i * n, n) for i, s in enumerate(started)))
         return CompletionResponse(
@@ -221,8 +225,8 @@ class OpenAIServing:
         return prompt if isinstance(prompt, str) else self._tok.decode(prompt)
 
     async def _completion_stream(self, rid: str, started: list[tuple[StreamOutput, AsyncIterator[StreamOutput]]],
-                                 n: int, echoes: list[str], include_usage: bool, want_logprobs: bool
-                                 ) -> AsyncIterator[str]:
+                                 n: int, echoes: list[str], include_usage: bool, want_logprobs: bool,
+                                 continuous_usage: bool = False) -> AsyncIterator[str]:
         created = int(time.time())
         choices = [_Choice() for _ in range(n * len(started))]
         lasts: dict[int, StreamOutput] = {}
@@ -238,7 +242,8 @@ class OpenAIServing:
                     lp = self._completion_logprobs(d.logprobs, offset) if want_logprobs and d.logprobs else None
                     yield sse(CompletionChunk(id=rid, created=created, model=self.model_name, choices=[
                         CompletionChoice(index=idx, text=prefix + d.text, logprobs=lp, finish_reason=d.finish_reason,
-                                         stop_reason=d.stop_reason)]))
+                                         stop_reason=d.stop_reason)],
+                        usage=_usage(list(lasts.values()), choices) if continuous_usage else None))
             if include_usage:
                 yield sse(CompletionChunk(id=rid, created=created, model=self.model_name, choices=[],
                                           usage=_usage(list(lasts.values()), choices)))
@@ -337,4 +342,14 @@ def _usage(outs: list[StreamOutput], choices: list[_Choice]) -> UsageInfo:
     """Each prompt counts once, however many samples it had."""
     prompt = sum(len(out.prompt_token_ids) for out in outs)
     completion = sum(c.tokens for c in choices)
-    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    cached = PromptTokensDetails(cached_tokens=sum(out.num_cached_tokens for out in outs))
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details=cached)
+
+
+def _token_keys(mapping: dict[str, float], field: str) -> dict[int, float]:
+    """JSON object keys are strings; OpenAI's logit_bias keys are token ids."""
+    try:
+        return {int(k): v for k, v in mapping.items()}
+    except ValueError:
+        raise bad_request(f"{field} keys must be token ids, e.g. {{\"50256\": -100}}", field) from None

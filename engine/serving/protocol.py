@@ -1,13 +1,15 @@
 """OpenAI-shaped request and response models, plus the tokenizer routes' models.
 
 Field names, defaults and nesting follow OpenAI's API reference, so the official SDK
-parses every response unchanged. Requests ignore fields we do not know (the SDK and
-other clients send some, such as `user` or `parallel_tool_calls`), but a field we do
-know with the wrong type is a 400: silently coercing `"max_tokens": "lots"` would hide
-client bugs. Range checks (temperature >= 0, ...) live in SamplingParams, the one place
-that knows them; the serving layer maps its errors back to these field names.
-vLLM extensions (top_k, min_p, repetition_penalty, ...) are accepted as OpenAI's SDK
-sends them through `extra_body`.
+parses every response unchanged. Requests are checked as OpenAI documents them: types
+strictly (`"max_tokens": "12"`, `"n": 2.0` and `"stream": "true"` are 400s, not quietly
+coerced), and a field we do not know is a 400 naming it, because a field we accepted
+and ignored would give the client a wrong answer instead of an error. The fields OpenAI
+itself treats as advisory (`user`, `metadata`, `store`) are accepted. Range checks
+(temperature >= 0, ...) live in SamplingParams, the one place that knows them; the
+serving layer maps its errors back to these field names. vLLM extensions (top_k,
+min_p, repetition_penalty, ...) are accepted as OpenAI's SDK sends them through
+`extra_body`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def random_id(prefix: str) -> str:
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # -- errors ---------------------------------------------------------------------------
@@ -44,6 +46,7 @@ class ErrorResponse(BaseModel):
 # -- shared pieces --------------------------------------------------------------------
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage on every chunk, not only the last
 
 
 class TextPart(_Request):
@@ -82,7 +85,11 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # token id (a JSON key, so a string) -> bias
+    # advisory in OpenAI's API: accepted, and they change nothing here
     user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
     # vLLM extensions
     top_k: int | None = None
     min_p: float | None = None
@@ -90,12 +97,17 @@ class SamplingFields(_Request):
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    allowed_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     cache_salt: str | None = Field(None, description="isolates this tenant's prefix-cache entries")
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -116,10 +128,15 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = None
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 # -- logprobs -------------------------------------------------------------------------
