@@ -27,6 +27,7 @@ class Detokenizer:
         self.tokenizer = tokenizer
         self.skip_special = params.skip_special_tokens
         self.stops = list(params.stop)
+        self.include_stop = params.include_stop_str_in_output
         self.text = ""  # emitted so far
         self.stop_reason: str | None = None
         self._held = ""  # decoded, but may be the start of a stop string
@@ -96,7 +97,8 @@ class Detokenizer:
         if hits:
             at, i = min(hits)
             self.stop_reason = self.stops[i]
-            out, self._held = buf[:at], ""
+            end = at + len(self.stops[i]) if self.include_stop else at
+            out, self._held = buf[:end], ""
         else:
             keep = 0 if final else _partial_stop(buf, self.stops)
             out, self._held = buf[: len(buf) - keep], buf[len(buf) - keep :]

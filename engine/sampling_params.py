@@ -38,6 +38,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     allowed_token_ids: list[int] | None = None  # None: every token; else only these
+    include_stop_str_in_output: bool = False  # keep the matched stop string at the end of the text
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -159,6 +159,14 @@ def test_stop_string_spanning_tokens(tok: Any) -> None:
     assert d.stop_reason == stop
 
 
+def test_include_stop_str_in_output_keeps_the_match(tok: Any) -> None:
+    """vLLM's include_stop_str_in_output: the text ends with the stop string, spanning tokens too."""
+    text = "The answer is forty-two, obviously."
+    deltas, d = stream(tok, tok.encode(text), SamplingParams(stop=["ty-tw"], include_stop_str_in_output=True))
+    assert "".join(deltas) == d.text == "The answer is forty-tw"
+    assert d.stop_reason == "ty-tw"
+
+
 def test_stop_string_at_the_very_start(tok: Any) -> None:
     deltas, d = stop_stream(tok, "STOP and more text", ["STOP"])
     assert "".join(deltas) == d.text == ""

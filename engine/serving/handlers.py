@@ -104,6 +104,7 @@ class OpenAIServing:
             "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens,
             "logit_bias": _token_keys(req.logit_bias or {}, "logit_bias"),
             "allowed_token_ids": req.allowed_token_ids,
+            "include_stop_str_in_output": req.include_stop_str_in_output,
         }
         for name, value in (("temperature", req.temperature), ("top_p", req.top_p), ("top_k", req.top_k),
                             ("min_p", req.min_p), ("repetition_penalty", req.repetition_penalty),

@@ -98,6 +98,7 @@ class SamplingFields(_Request):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     allowed_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     cache_salt: str | None = Field(None, description="isolates this tenant's prefix-cache entries")
 
