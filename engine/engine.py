@@ -26,6 +26,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats, StepStats
+from engine.structured import Grammars
 
 
 @dataclass(eq=False)
@@ -95,7 +96,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(model, self.kv_manager, resolved.num_blocks, self.dtype, self.device,
                                   resolved.attention_backend)
-        self.sampler = Sampler(self.eos_token_ids, seed=config.seed)
+        self.grammars = Grammars(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)
+        self.sampler = Sampler(self.eos_token_ids, seed=config.seed, grammars=self.grammars)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._totals = StepStats()  # running sums of every step's counters
@@ -151,6 +153,8 @@ class LLMEngine:
         for name, ids in params.token_ids_used().items():
             if any(t >= vocab for t in ids):
                 raise ParamError(name, f"{name} names token ids outside the vocabulary [0, {vocab})")
+        if params.structured is not None:
+            self.grammars.compile(params.structured)  # an invalid constraint fails here, alone
         if params.n > self.config.max_num_seqs:
             raise ParamError("n", f"n ({params.n}) exceeds max_num_seqs ({self.config.max_num_seqs})")
         now = time.monotonic()
@@ -164,8 +168,9 @@ class LLMEngine:
     def _new_seq(self, request_id: str, token_ids: list[int], params: SamplingParams, index: int,
                  cache_salt: str | None, now: float) -> Sequence:
         gen = make_generator(_child_seed(params.seed, index)) if params.seed is not None else None
+        matcher = self.grammars.matcher(params.structured) if params.structured is not None else None
         return Sequence(next(self._seq_ids), request_id, index, token_ids, params, generator=gen,
-                        cache_salt=cache_salt, arrival_time=now)
+                        cache_salt=cache_salt, arrival_time=now, matcher=matcher)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its blocks. Unknown or finished ids are ignored."""
@@ -205,7 +210,7 @@ class LLMEngine:
         rows, row_seqs, logit_rows = [], [], []
         for i, seq in enumerate(sampling):
             for s in [seq, *self._fork(seq)]:
-                rows.append(SamplingRow(s.params, s.generator, s.prompt_token_ids, s.output_token_ids))
+                rows.append(SamplingRow(s.params, s.generator, s.prompt_token_ids, s.output_token_ids, s.matcher))
                 row_seqs.append(s)
                 logit_rows.append(i)
         if len(logit_rows) != len(sampling):
@@ -252,6 +257,7 @@ class LLMEngine:
             req.metrics.first_scheduled_time = seq.first_scheduled_time
         params = seq.params
         detok = req.detoks[seq.index]
+        grammar_done = seq.matcher is not None and (not seq.matcher.accept(tok) or seq.matcher.done)
         if not params.ignore_eos and tok in self.eos_token_ids:
             seq.finish_reason = "stop"
         elif tok in params.stop_token_ids:
@@ -260,6 +266,8 @@ class LLMEngine:
             delta.text += detok.update([tok])
             if detok.stopped:
                 seq.finish_reason, seq.stop_reason = "stop", detok.stop_reason
+            elif grammar_done:  # the constraint is complete: nothing may follow
+                seq.finish_reason = "stop"
             elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 seq.finish_reason = "length"
         if seq.finish_reason is not None:

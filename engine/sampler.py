@@ -9,6 +9,7 @@ request generates does not depend on whatever else shares its batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -23,6 +24,7 @@ class SamplingRow:
     generator: torch.Generator | None  # the request's own, persisting across steps
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # generated before this step
+    matcher: Any = None  # engine.structured.Matcher: the grammar's mask applies
 
 
 @dataclass
@@ -47,8 +49,9 @@ def make_generator(seed: int) -> torch.Generator:
 
 
 class Sampler:
-    def __init__(self, eos_token_ids: list[int], seed: int = 0) -> None:
+    def __init__(self, eos_token_ids: list[int], seed: int = 0, grammars: Any = None) -> None:
         self.eos_token_ids = list(eos_token_ids)
+        self.grammars = grammars  # engine.structured.Grammars
         # Shared by the unseeded rows; they make no reproducibility promise.
         self.generator = make_generator(seed)
 
@@ -59,6 +62,9 @@ class Sampler:
         self._mask_min_tokens(x, rows)
         apply_penalties(x, rows)
         apply_bias(x, rows)
+        constrained = [i for i, r in enumerate(rows) if r.matcher is not None]
+        if constrained:
+            self.grammars.apply_masks(x, constrained, [rows[i].matcher for i in constrained])
 
         tokens = torch.empty(len(rows), dtype=torch.long, device=x.device)
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]

@@ -7,6 +7,18 @@ from dataclasses import dataclass, field
 from engine.errors import ParamError
 
 
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the whole output. `spec` is text for every kind: a JSON schema, a
+    regex, a JSON list of choices or an EBNF grammar (empty for json_object)."""
+
+    kind: str
+    spec: str = ""
+
+
 @dataclass
 class SamplingParams:
     """What to generate and when to stop, with OpenAI's meanings.
@@ -39,6 +51,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     allowed_token_ids: list[int] | None = None  # None: every token; else only these
     include_stop_str_in_output: bool = False  # keep the matched stop string at the end of the text
+    structured: StructuredOutput | None = None  # engine/structured.py
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -73,6 +86,11 @@ class SamplingParams:
             self.allowed_token_ids = list(self.allowed_token_ids)
             _check(self, "allowed_token_ids", bool(self.allowed_token_ids) and min(self.allowed_token_ids) >= 0,
                    "must be a non-empty list of non-negative token ids")
+
+        if isinstance(self.structured, dict):  # as it crosses a process boundary
+            self.structured = StructuredOutput(**self.structured)
+        _check(self, "structured", self.structured is None or self.structured.kind in STRUCTURED_KINDS,
+               f"kind must be one of {', '.join(STRUCTURED_KINDS)}")
 
     def token_ids_used(self) -> dict[str, list[int]]:
         """Every token id a field names, by field: the engine checks them against its vocabulary."""

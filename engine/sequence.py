@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -42,6 +43,7 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
+    matcher: Any = None  # engine.structured.Matcher when the output is constrained
 
     def __post_init__(self) -> None:
         if not self.token_ids:

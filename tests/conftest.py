@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import httpx
+import openai
 import pytest
 import torch
+
+from tests.served import BIN, KEY, PRESET, ROOT, free_port, offline_env
 
 SENTENCES = [
     "The old lighthouse keeper climbed the stairs every evening to light the lamp.",
@@ -109,3 +119,56 @@ def tiny_model_factory(tmp_path_factory, default_model_dir):
         return made[name]
 
     return make
+
+
+# -- the live server (tests/served.py) -------------------------------------------------------
+@pytest.fixture(scope="session")
+def bento_home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("bentoml_home")
+    out = subprocess.run([sys.executable, "scripts/import_model.py", "--if-missing"], cwd=ROOT,
+                         env=offline_env(home), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return home
+
+
+@pytest.fixture(scope="session")
+def server(bento_home, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    (tmp / "preset.yaml").write_text(PRESET)
+    port = free_port()
+    env = {**offline_env(bento_home), "PAGEDSERVE_CONFIG": str(tmp / "preset.yaml"), "LLM_API_KEY": KEY}
+    log = open(tmp / "server.log", "w")
+    proc = subprocess.Popen([str(BIN / "bentoml"), "serve", "service:LLMService", "--host", "127.0.0.1",
+                             "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None, (tmp / "server.log").read_text()[-5000:]
+            assert time.monotonic() < deadline, "server did not get ready:\n" + (tmp / "server.log").read_text()[-5000:]
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        yield SimpleNamespace(url=url, log=tmp / "server.log")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group, nothing else
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=180)
+
+
+@pytest.fixture(scope="session")
+def http(server):
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=180) as c:
+        yield c

@@ -1,6 +1,6 @@
 """End to end: `bentoml serve` on a free loopback port, driven by the real openai client.
 
-One server for the whole module (model load dominates), started the way `make serve`
+One server for the whole session (tests/served.py; model load dominates), started the way `make serve`
 starts it: scripts/import_model.py puts the embedded model into a private BentoML
 store, then the service loads it from there through bentoml.models.BentoModel. The
 server runs with LLM_API_KEY set, as a deployment would; the 401 tests drop the key.
@@ -10,115 +10,21 @@ The same store then feeds the offline `bentoml build` test.
 from __future__ import annotations
 
 import concurrent.futures
-from http import HTTPStatus
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tarfile
 import time
-from pathlib import Path
-from types import SimpleNamespace
+from http import HTTPStatus
 
 import httpx
 import openai
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-KEY = "test-key-123"
-MODEL = "SmolLM2-135M-Instruct"
-MODEL_TAG = "smollm2-135m-instruct"
-CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+from tests.served import BIN, CHAT, KEY, MODEL, MODEL_TAG, ROOT, offline_env
+
 pytestmark = pytest.mark.timeout(600)
-
-# Small pool: 128 blocks of 16 tokens, so leaks show and the server starts fast.
-PRESET = """
-engine:
-  device: cpu
-  dtype: float32
-  max_num_seqs: 32
-  max_num_batched_tokens: 512
-  max_model_len: 512
-  kv_cache_memory_bytes: 94371840
-service:
-  served_model_name: SmolLM2-135M-Instruct
-  model_tag: smollm2-135m-instruct
-  traffic: {timeout: 300, concurrency: 32}
-"""
-
-
-def offline_env(home: Path) -> dict[str, str]:
-    """A private BentoML home, and any attempt to reach the network fails fast."""
-    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    dead = "http://127.0.0.1:9"
-    env.update(BENTOML_HOME=str(home), BENTOML_DO_NOT_TRACK="True", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", PIP_NO_INDEX="1", HTTP_PROXY=dead, HTTPS_PROXY=dead,
-               ALL_PROXY=dead, NO_PROXY="127.0.0.1,localhost", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
-    env.pop("PAGEDSERVE_CONFIG", None)
-    env.pop("LLM_API_KEY", None)
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def bento_home(tmp_path_factory) -> Path:
-    home = tmp_path_factory.mktemp("bentoml_home")
-    out = subprocess.run([sys.executable, "scripts/import_model.py", "--if-missing"], cwd=ROOT,
-                         env=offline_env(home), capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return home
-
-
-@pytest.fixture(scope="module")
-def server(bento_home, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve")
-    (tmp / "preset.yaml").write_text(PRESET)
-    port = free_port()
-    env = {**offline_env(bento_home), "PAGEDSERVE_CONFIG": str(tmp / "preset.yaml"), "LLM_API_KEY": KEY}
-    log = open(tmp / "server.log", "w")
-    proc = subprocess.Popen([str(BIN / "bentoml"), "serve", "service:LLMService", "--host", "127.0.0.1",
-                             "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, (tmp / "server.log").read_text()[-5000:]
-            assert time.monotonic() < deadline, "server did not get ready:\n" + (tmp / "server.log").read_text()[-5000:]
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        yield SimpleNamespace(url=url, log=tmp / "server.log")
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group, nothing else
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=180)
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=180) as c:
-        yield c
 
 
 def metrics(http: httpx.Client) -> dict[str, float]:

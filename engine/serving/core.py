@@ -32,7 +32,6 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine, StepOutput
-from engine.errors import ParamError
 from engine.sampling_params import SamplingParams
 from engine.serving import wire
 from engine.stats import EngineStats, StepStats

@@ -12,6 +12,7 @@ so a request the engine rejects (a prompt longer than max_model_len, say) is a c
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Any
 from engine.llm import apply_chat_template
 from engine.outputs import CompletionDelta
 from engine.sampler import TokenLogprobs
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutput
 from engine.serving.async_llm import AsyncLLM, StreamOutput
 from engine.serving.errors import APIError, bad_request, to_api_error
 from engine.serving.protocol import (
@@ -105,6 +106,7 @@ class OpenAIServing:
             "logit_bias": _token_keys(req.logit_bias or {}, "logit_bias"),
             "allowed_token_ids": req.allowed_token_ids,
             "include_stop_str_in_output": req.include_stop_str_in_output,
+            "structured": structured_output(req, names),
         }
         for name, value in (("temperature", req.temperature), ("top_p", req.top_p), ("top_k", req.top_k),
                             ("min_p", req.min_p), ("repetition_penalty", req.repetition_penalty),
@@ -204,9 +206,10 @@ class OpenAIServing:
         if req.echo and req.logprobs is not None:
             raise bad_request("echo together with logprobs is not supported", "echo")
         prompts = _prompt_list(req.prompt)
-        params = self.sampling_params(req, req.max_tokens, req.logprobs, {})
+        names: dict[str, str] = {}
+        params = self.sampling_params(req, req.max_tokens, req.logprobs, names)
         rid = random_id("cmpl")
-        started = await self._start(prompts, params, rid, req.cache_salt, {})
+        started = await self._start(prompts, params, rid, req.cache_salt, names)
         n, total = req.n, req.n * len(prompts)
         echoes = [self._echo(p) if req.echo else "" for p in prompts]
         if req.stream:
@@ -346,6 +349,44 @@ def _usage(outs: list[StreamOutput], choices: list[_Choice]) -> UsageInfo:
     cached = PromptTokensDetails(cached_tokens=sum(out.num_cached_tokens for out in outs))
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                      prompt_tokens_details=cached)
+
+
+def structured_output(req: SamplingFields, names: dict[str, str]) -> StructuredOutput | None:
+    """The one constraint a request asks for, however it spells it; `names` learns which
+    field it came from, so errors point there."""
+    found: list[tuple[str, StructuredOutput]] = []
+    rf = req.response_format
+    if rf is not None and rf.type == "json_object":
+        found.append(("response_format", StructuredOutput("json_object")))
+    elif rf is not None and rf.type == "json_schema":
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise bad_request("response_format json_schema needs json_schema.schema", "response_format")
+        found.append(("response_format", StructuredOutput("json", json.dumps(rf.json_schema.schema_))))
+    so = req.structured_outputs
+    spelled = [("structured_outputs", so.json_ if so else None, so.regex if so else None,
+                so.choice if so else None, so.grammar if so else None),
+               ("guided", req.guided_json, req.guided_regex, req.guided_choice, req.guided_grammar)]
+    for where, js, regex, choice, grammar in spelled:
+        for kind, value in (("json", js), ("regex", regex), ("choice", choice), ("grammar", grammar)):
+            if value is None:
+                continue
+            name = f"guided_{kind}" if where == "guided" else where
+            if kind == "json":
+                spec = value if isinstance(value, str) else json.dumps(value)
+            elif kind == "choice":
+                if not value:
+                    raise bad_request("choice needs at least one string", name)
+                spec = json.dumps(value)
+            else:
+                spec = value
+            found.append((name, StructuredOutput(kind, spec)))
+    if len(found) > 1:
+        raise bad_request(f"give one structured-output constraint, not {len(found)} ("
+                          + ", ".join(n for n, _ in found) + ")", found[1][0])
+    if not found:
+        return None
+    names["structured_outputs"] = names["structured"] = found[0][0]
+    return found[0][1]
 
 
 def _token_keys(mapping: dict[str, float], field: str) -> dict[int, float]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -72,6 +72,27 @@ class ChatMessage(_Request):
         return self.content or ""
 
 
+class JSONSchemaFormat(_Request):
+    name: str
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class StructuredOutputs(_Request):
+    """vLLM's `structured_outputs`: exactly one constraint."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
 class SamplingFields(_Request):
     """Fields chat and completions share. None means the OpenAI default."""
 
@@ -101,6 +122,13 @@ class SamplingFields(_Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     cache_salt: str | None = Field(None, description="isolates this tenant's prefix-cache entries")
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older spellings
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @property
     def include_usage(self) -> bool:

@@ -1,0 +1,111 @@
+"""Structured outputs: a grammar every generated token must keep satisfiable.
+
+xgrammar (vLLM's default backend) compiles JSON schemas, regexes and EBNF grammars
+against the tokenizer once, and a matcher per sequence fills a vocabulary bitmask each
+step in about 0.1 ms. The rest of the engine sees only this module: `Grammars.matcher`
+when a sequence is created, `apply_masks` in the sampler, `Matcher.accept` when a token
+is appended. A matcher's state is the tokens it has accepted, which preemption by
+recompute keeps, so a preempted sequence resumes with its matcher as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from engine.errors import ParamError
+from engine.sampling_params import StructuredOutput
+
+
+class Matcher:
+    """One sequence's position in its grammar."""
+
+    def __init__(self, matcher: Any) -> None:
+        self._m = matcher
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; False if the grammar refused it (it never should)."""
+        return bool(self._m.accept_token(token_id))
+
+    @property
+    def done(self) -> bool:
+        """The grammar has ended (its stop token was accepted)."""
+        return bool(self._m.is_terminated())
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        self._m.fill_next_token_bitmask(bitmask, row)
+
+
+class Grammars:
+    """Compiles constraints for one tokenizer, caching them by their text."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], cache_size: int = 256) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._stop = list(stop_token_ids)
+        self._compiler: Any = None
+        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._cache_size = cache_size
+
+    def _xgr(self) -> Any:
+        import xgrammar  # late: requests without constraints never pay for it
+
+        if self._compiler is None:
+            info = xgrammar.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self.vocab_size,
+                                                           stop_token_ids=self._stop)
+            self._compiler = xgrammar.GrammarCompiler(info)
+        return xgrammar
+
+    def compile(self, so: StructuredOutput) -> Any:
+        """The compiled grammar; ParamError naming `structured_outputs` when it is invalid."""
+        key = (so.kind, so.spec)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        self._xgr()
+        c = self._compiler
+        try:
+            if so.kind == "json":
+                grammar = c.compile_json_schema(so.spec, any_whitespace=False)
+            elif so.kind == "json_object":
+                grammar = c.compile_builtin_json_grammar()
+            elif so.kind == "regex":
+                grammar = c.compile_regex(so.spec)
+            elif so.kind == "choice":
+                choices = json.loads(so.spec)
+                grammar = c.compile_regex("|".join(_regex_literal(s) for s in choices))
+            else:
+                grammar = c.compile_grammar(so.spec)
+        except (RuntimeError, ValueError) as exc:
+            why = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(exc).strip()) or repr(exc)  # xgrammar's log prefix
+            raise ParamError("structured_outputs", f"invalid {so.kind} constraint: {why}") from None
+        self._cache[key] = grammar
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return grammar
+
+    def matcher(self, so: StructuredOutput) -> Matcher:
+        xgr = self._xgr()
+        return Matcher(xgr.GrammarMatcher(self.compile(so)))
+
+    def apply_masks(self, logits: torch.Tensor, rows: list[int], matchers: list[Matcher]) -> None:
+        """Set to -inf, in place, every token the matchers' grammars forbid next."""
+        xgr = self._xgr()
+        bitmask = xgr.allocate_token_bitmask(len(rows), self.vocab_size)
+        for i, m in enumerate(matchers):
+            m.fill(bitmask, i)
+        vocab = logits.shape[1]
+        sub = logits[rows]
+        if sub.shape[1] > self.vocab_size:  # padded vocab: the padding is never a token
+            sub[:, self.vocab_size:] = -torch.inf
+        xgr.apply_token_bitmask_inplace(sub[:, : min(vocab, self.vocab_size)], bitmask)
+        logits[rows] = sub
+
+
+def _regex_literal(text: str) -> str:
+    special = set(r"\.^$|?*+()[]{}/")
+    return "".join("\\" + ch if ch in special else ch for ch in text)

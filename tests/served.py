@@ -1,0 +1,50 @@
+"""The live server the end-to-end tests share: `bentoml serve` of the embedded model from
+a private BentoML home, with an API key and a small KV pool, started once per session
+(conftest.py holds the fixtures). Its constants and helpers live here."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+KEY = "test-key-123"
+MODEL = "SmolLM2-135M-Instruct"
+MODEL_TAG = "smollm2-135m-instruct"
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+# Small pool: 128 blocks of 16 tokens, so leaks show and the server starts fast.
+PRESET = """
+engine:
+  device: cpu
+  dtype: float32
+  max_num_seqs: 32
+  max_num_batched_tokens: 512
+  max_model_len: 512
+  kv_cache_memory_bytes: 94371840
+service:
+  served_model_name: SmolLM2-135M-Instruct
+  model_tag: smollm2-135m-instruct
+  traffic: {timeout: 300, concurrency: 32}
+"""
+
+
+def offline_env(home: Path) -> dict[str, str]:
+    """A private BentoML home, and any attempt to reach the network fails fast."""
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    dead = "http://127.0.0.1:9"
+    env.update(BENTOML_HOME=str(home), BENTOML_DO_NOT_TRACK="True", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", PIP_NO_INDEX="1", HTTP_PROXY=dead, HTTPS_PROXY=dead,
+               ALL_PROXY=dead, NO_PROXY="127.0.0.1,localhost", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
+    env.pop("PAGEDSERVE_CONFIG", None)
+    env.pop("LLM_API_KEY", None)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
