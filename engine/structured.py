@@ -48,6 +48,7 @@ class Grammars:
         self.vocab_size = vocab_size
         self._stop = list(stop_token_ids)
         self._compiler: Any = None
+        self._batch: Any = None  # xgrammar.BatchGrammarMatcher: fills every row's mask in one call
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._cache_size = cache_size
 
@@ -95,15 +96,16 @@ class Grammars:
     def apply_masks(self, logits: torch.Tensor, rows: list[int], matchers: list[Matcher]) -> None:
         """Set to -inf, in place, every token the matchers' grammars forbid next."""
         xgr = self._xgr()
+        if self._batch is None:
+            self._batch = xgr.BatchGrammarMatcher()
         bitmask = xgr.allocate_token_bitmask(len(rows), self.vocab_size)
-        for i, m in enumerate(matchers):
-            m.fill(bitmask, i)
-        vocab = logits.shape[1]
-        sub = logits[rows]
-        if sub.shape[1] > self.vocab_size:  # padded vocab: the padding is never a token
-            sub[:, self.vocab_size:] = -torch.inf
-        xgr.apply_token_bitmask_inplace(sub[:, : min(vocab, self.vocab_size)], bitmask)
-        logits[rows] = sub
+        self._batch.batch_fill_next_token_bitmask([m._m for m in matchers], bitmask)
+        if logits.shape[1] > self.vocab_size:  # padded vocab: the padding is never a token
+            logits[rows, self.vocab_size:] = -torch.inf
+        # Row i of the bitmask belongs to logits row rows[i]: expand it in place, no copy.
+        full = bitmask.new_zeros((logits.shape[0], bitmask.shape[1]))
+        full[rows] = bitmask
+        xgr.apply_token_bitmask_inplace(logits[:, : self.vocab_size], full, indices=rows)
 
 
 def _regex_literal(text: str) -> str:

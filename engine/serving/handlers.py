@@ -43,11 +43,16 @@ def sse(model: Any) -> str:
 class _Choice:
     """A choice's running totals while it streams or is collected."""
 
-    text: str = ""
+    parts: list[str] = field(default_factory=list)  # joined once at the end: += would copy it all
+    length: int = 0  # characters so far
     tokens: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
 
 
 class OpenAIServing:
@@ -240,8 +245,8 @@ class OpenAIServing:
                 for d in out.deltas:
                     idx = p * n + d.index
                     c = choices[idx]
-                    offset = len(c.text)
-                    prefix = echoes[p] if c.tokens == 0 and not c.text else ""
+                    offset = c.length
+                    prefix = echoes[p] if c.tokens == 0 and not c.length else ""
                     _absorb(c, d)
                     lp = self._completion_logprobs(d.logprobs, offset) if want_logprobs and d.logprobs else None
                     yield sse(CompletionChunk(id=rid, created=created, model=self.model_name, choices=[
@@ -279,7 +284,8 @@ def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[
 
 
 def _absorb(c: _Choice, d: CompletionDelta) -> None:
-    c.text += d.text
+    c.parts.append(d.text)
+    c.length += len(d.text)
     c.tokens += len(d.token_ids)
     if d.logprobs:
         c.logprobs.extend(d.logprobs)
