@@ -75,9 +75,8 @@ class StreamOutput:
 class _Stream:
     """The hand-off from the core's thread to one request's event loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, prompt_token_ids: list[int]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.prompt_token_ids = prompt_token_ids
         self.queue: asyncio.Queue[EngineOutput | BaseException] = asyncio.Queue()
         self.added: asyncio.Future[None] = loop.create_future()
 
@@ -90,9 +89,15 @@ class _Stream:
             return False
 
     def resolve(self, error: BaseException | None) -> None:
+        """Thread-safe: the core accepted the request (error None) or refused it."""
+
         def settle() -> None:
-            if not self.added.done():
-                self.added.set_result(None) if error is None else self.added.set_exception(error)
+            if self.added.done():  # the consumer was cancelled meanwhile
+                return
+            if error is None:
+                self.added.set_result(None)
+            else:
+                self.added.set_exception(error)
 
         try:
             self.loop.call_soon_threadsafe(settle)
@@ -172,7 +177,7 @@ class AsyncLLM:
         """
         request_id = request_id or uuid.uuid4().hex
         ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
-        stream = _Stream(asyncio.get_running_loop(), ids)
+        stream = _Stream(asyncio.get_running_loop())
         with self._lock:
             if self._dead is not None:
                 raise EngineDeadError(f"the engine is dead: {self._dead!r}") from self._dead

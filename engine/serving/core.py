@@ -93,10 +93,10 @@ class ThreadCore:
                     self._on_step([wire.EngineOutput.of(o) for o in step.outputs], step.stats)
         except BaseException as exc:  # noqa: BLE001 - whatever kills the loop must reach the waiters
             logger.exception("engine loop died")
-            self._fail_pending(exc)
+            self._answer_pending_stats()
             self._on_dead(exc)
         else:
-            self._fail_pending(None)
+            self._answer_pending_stats()
             self._on_dead(EngineDeadError("the engine was shut down"))
 
     def _apply(self, block: bool) -> bool:
@@ -123,7 +123,8 @@ class ThreadCore:
                     self._on_added(request_id, None)
         return True
 
-    def _fail_pending(self, exc: BaseException | None) -> None:
+    def _answer_pending_stats(self) -> None:
+        """Adds left in the queue need nothing: AsyncLLM fails every stream on death."""
         for cmd in _drain(self._cmds):
             if cmd[0] == "stats":
                 cmd[1].set_result(self.last_stats)
