@@ -86,6 +86,7 @@ class LLMEngine:
         self.tokenizer = loader.load_tokenizer(files)
         self.eos_token_ids = _eos_ids(hf_config, self.tokenizer)
         self.max_model_len = resolved.max_model_len
+        self.sampling_defaults = loader.load_sampling_defaults(files)  # generation_config.json
 
         model = loader.build_model(
             None if config.load_format == "dummy" else files, hf_config, self.dtype, self.device,

@@ -90,3 +90,34 @@ def test_api_key_middleware_is_open_without_a_key(monkeypatch):
     assert locked.get("/v1/models").status_code == 401
     assert locked.get("/v1/models", headers={"Authorization": "Bearer k"}).status_code == 200
     assert locked.get("/health").status_code == 200
+
+
+def test_unset_sampling_fields_take_the_models_generation_config(tiny_model_factory):
+    """As vLLM's `--generation-config auto`: temperature, top_p, top_k, min_p and
+    repetition_penalty come from generation_config.json when the request leaves them out."""
+    import json
+
+    from starlette.testclient import TestClient
+
+    from engine.config import EngineConfig
+    from engine.serving.app import create_app
+    from engine.serving.async_llm import AsyncLLM
+    from engine.serving.handlers import OpenAIServing
+    from engine.serving.protocol import CompletionRequest
+
+    path = tiny_model_factory("gencfg-tiny")
+    (path / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "top_k": 5, "do_sample": False}))
+    cfg = EngineConfig.create(model=str(path), device="cpu", dtype="float32", max_model_len=128,
+                              kv_cache_memory_bytes=64 * 8192)
+    llm = AsyncLLM.start(cfg)  # the defaults cross from the engine process
+    serving = OpenAIServing(llm, "tiny")
+    assert llm.sampling_defaults == {"temperature": 0.0, "top_k": 5}
+    unset = serving.sampling_params(CompletionRequest(prompt="hi"), 8, None, {})
+    assert unset.temperature == 0.0 and unset.top_k == 5
+    explicit = serving.sampling_params(CompletionRequest(prompt="hi", temperature=0.7, top_k=0), 8, None, {})
+    assert explicit.temperature == 0.7 and explicit.top_k == 0
+    with TestClient(create_app(lambda: serving)) as tc:
+        body = {"prompt": "hello there", "max_tokens": 12, "ignore_eos": True}
+        texts = {tc.post("/v1/completions", json=body).json()["choices"][0]["text"] for _ in range(3)}
+        assert len(texts) == 1  # greedy from the model's config, with no seed in sight
+    llm.shutdown()

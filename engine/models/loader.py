@@ -116,6 +116,19 @@ def load_config(files: ModelFiles) -> PretrainedConfig:
     return config
 
 
+# What vLLM's `--generation-config auto` takes from a model's generation_config.json.
+SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def load_sampling_defaults(files: ModelFiles) -> dict[str, float]:
+    """The sampling settings the model's authors recommend, for requests that leave them unset."""
+    path = files.path / "generation_config.json"
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return {k: data[k] for k in SAMPLING_DEFAULT_KEYS if isinstance(data.get(k), (int, float))}
+
+
 def load_tokenizer(files: ModelFiles) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(files.path)
 

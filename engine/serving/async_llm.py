@@ -146,6 +146,11 @@ class AsyncLLM:
         return self._core.model_name
 
     @property
+    def sampling_defaults(self) -> dict[str, float]:
+        """The model's generation_config.json settings, for fields a request leaves unset."""
+        return self._core.sampling_defaults
+
+    @property
     def is_alive(self) -> bool:
         return self._dead is None and self._core.is_alive
 

@@ -102,7 +102,8 @@ class OpenAIServing:
     # -- sampling -------------------------------------------------------------------
     def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None,
                         names: dict[str, str]) -> SamplingParams:
-        """OpenAI defaults where the request is silent; SamplingParams checks the ranges."""
+        """The model's generation_config.json, then OpenAI's defaults, where the request is
+        silent (as vLLM's `--generation-config auto`); SamplingParams checks the ranges."""
         kw: dict[str, Any] = {
             "n": req.n, "max_tokens": max_tokens, "seed": req.seed, "logprobs": logprobs,
             "stop": [req.stop] if isinstance(req.stop, str) else list(req.stop or []),
@@ -119,6 +120,8 @@ class OpenAIServing:
                             ("frequency_penalty", req.frequency_penalty)):
             if value is not None:
                 kw[name] = value
+            elif name in self.llm.sampling_defaults:
+                kw[name] = self.llm.sampling_defaults[name]
         try:
             return SamplingParams(**kw)
         except ValueError as exc:
