@@ -1,0 +1,75 @@
+#!/usr/bin/env python
+"""The native CPU paged-attention kernel against the torch reference path, same shapes,
+same run: one decode step of many sequences, and whole-prompt prefills.
+
+The reference (kernels/reference.py) gathers each sequence's blocks into a dense tensor
+and calls torch's SDPA; it is what the engine runs without a compiler. Shapes follow
+the embedded SmolLM2-135M (9 query heads, 3 KV heads, head_dim 64, block 16); block
+tables are shuffled. Reports the minimum over repeats (this VM's timings are noisy),
+the bytes of K/V read per second for decode, and the ratio.
+
+    python scripts/bench_cpu_attention.py [--dtype float32] [--repeats 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from kernels import cpu, reference
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
+CASES = [("decode", 64, 300, 1), ("decode", 64, 600, 1), ("decode", 8, 300, 1),
+         ("prefill", 1, 500, 500), ("prefill", 4, 512, 512)]
+
+
+def make(seqs: int, ctx: int, q_len: int, dtype: torch.dtype, gen: torch.Generator):
+    nb = (ctx + BLOCK - 1) // BLOCK
+    k = torch.randn(seqs * nb + 1, BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    v = torch.randn(k.shape, generator=gen).to(dtype)
+    tables = torch.randperm(seqs * nb, generator=gen).to(torch.int32).view(seqs, nb)
+    q = torch.randn(seqs * q_len, HEADS, HEAD_DIM, generator=gen).to(dtype)
+    qsl = torch.arange(0, seqs * q_len + 1, q_len, dtype=torch.int32)
+    lens = torch.full((seqs,), ctx, dtype=torch.int32)
+    return q, k, v, tables, qsl, lens
+
+
+def best(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--repeats", type=int, default=50)
+    args = ap.parse_args()
+    if not cpu.available():
+        raise SystemExit("the native CPU kernels could not be built")
+    dtype = getattr(torch, args.dtype)
+    scale = HEAD_DIM**-0.5
+    gen = torch.Generator().manual_seed(0)
+    print(f"torch threads {torch.get_num_threads()}, {args.dtype}")
+    print(f"{'case':8s} {'seqs':>5s} {'ctx':>5s} {'native ms':>10s} {'torch ms':>9s} {'speed-up':>9s} {'native GB/s':>12s}")
+    for kind, seqs, ctx, q_len in CASES:
+        q, k, v, tables, qsl, lens = make(seqs, ctx, q_len, dtype, gen)
+        reps = args.repeats if kind == "decode" else max(3, args.repeats // 10)
+        native = best(lambda: cpu.paged_attention(q, k, v, tables, qsl, lens, scale), reps)
+        if kind == "decode":
+            ref = best(lambda: reference.paged_attention_decode(q, k, v, tables, lens, scale), reps)
+        else:
+            ref = best(lambda: reference.paged_attention_prefill(q, k, v, tables, qsl, lens, scale), reps)
+        kv_bytes = 2 * seqs * ctx * KV_HEADS * HEAD_DIM * k.element_size()
+        gbs = f"{kv_bytes / native / 1e9:12.1f}" if kind == "decode" else f"{'':12s}"
+        print(f"{kind:8s} {seqs:5d} {ctx:5d} {native * 1e3:10.2f} {ref * 1e3:9.2f} {ref / native:8.2f}x {gbs}")
+
+
+if __name__ == "__main__":
+    main()
