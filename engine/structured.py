@@ -25,19 +25,16 @@ class Matcher:
     """One sequence's position in its grammar."""
 
     def __init__(self, matcher: Any) -> None:
-        self._m = matcher
+        self.state = matcher  # the xgrammar.GrammarMatcher
 
     def accept(self, token_id: int) -> bool:
         """Advance by one sampled token; False if the grammar refused it (it never should)."""
-        return bool(self._m.accept_token(token_id))
+        return bool(self.state.accept_token(token_id))
 
     @property
     def done(self) -> bool:
         """The grammar has ended (its stop token was accepted)."""
-        return bool(self._m.is_terminated())
-
-    def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        self._m.fill_next_token_bitmask(bitmask, row)
+        return bool(self.state.is_terminated())
 
 
 class Grammars:
@@ -99,7 +96,7 @@ class Grammars:
         if self._batch is None:
             self._batch = xgr.BatchGrammarMatcher()
         bitmask = xgr.allocate_token_bitmask(len(rows), self.vocab_size)
-        self._batch.batch_fill_next_token_bitmask([m._m for m in matchers], bitmask)
+        self._batch.batch_fill_next_token_bitmask([m.state for m in matchers], bitmask)
         if logits.shape[1] > self.vocab_size:  # padded vocab: the padding is never a token
             logits[rows, self.vocab_size:] = -torch.inf
         # Row i of the bitmask belongs to logits row rows[i]: expand it in place, no copy.
