@@ -372,29 +372,23 @@ def structured_output(req: SamplingFields, names: dict[str, str]) -> StructuredO
             raise bad_request("response_format json_schema needs json_schema.schema", "response_format")
         found.append(("response_format", StructuredOutput("json", json.dumps(rf.json_schema.schema_))))
     so = req.structured_outputs
-    spelled = [("structured_outputs", so.json_ if so else None, so.regex if so else None,
-                so.choice if so else None, so.grammar if so else None),
-               ("guided", req.guided_json, req.guided_regex, req.guided_choice, req.guided_grammar)]
-    for where, js, regex, choice, grammar in spelled:
-        for kind, value in (("json", js), ("regex", regex), ("choice", choice), ("grammar", grammar)):
-            if value is None:
-                continue
-            name = f"guided_{kind}" if where == "guided" else where
-            if kind == "json":
-                spec = value if isinstance(value, str) else json.dumps(value)
-            elif kind == "choice":
-                if not value:
-                    raise bad_request("choice needs at least one string", name)
-                spec = json.dumps(value)
-            else:
-                spec = value
-            found.append((name, StructuredOutput(kind, spec)))
+    spelled = [("structured_outputs", kind, value) for kind, value in (
+        ("json", so.json_), ("regex", so.regex), ("choice", so.choice), ("grammar", so.grammar))] if so else []
+    spelled += [("guided_json", "json", req.guided_json), ("guided_regex", "regex", req.guided_regex),
+                ("guided_choice", "choice", req.guided_choice), ("guided_grammar", "grammar", req.guided_grammar)]
+    for name, kind, value in spelled:
+        if value is None:
+            continue
+        if kind == "choice" and not value:
+            raise bad_request("choice needs at least one string", name)
+        spec = value if isinstance(value, str) else json.dumps(value)  # a schema or choices as JSON text
+        found.append((name, StructuredOutput(kind, spec)))
     if len(found) > 1:
         raise bad_request(f"give one structured-output constraint, not {len(found)} ("
                           + ", ".join(n for n, _ in found) + ")", found[1][0])
     if not found:
         return None
-    names["structured_outputs"] = names["structured"] = found[0][0]
+    names["structured_outputs"] = found[0][0]
     return found[0][1]
 
 
