@@ -18,13 +18,13 @@ from engine.stats import EngineStats
 Message = dict[str, Any]
 
 
-def apply_chat_template(tokenizer: Any, conversation: list[Message], add_generation_prompt: bool = True
-                        ) -> list[int]:
+def apply_chat_template(tokenizer: Any, conversation: list[Message], add_generation_prompt: bool = True,
+                        tools: list[dict[str, Any]] | None = None) -> list[int]:
     """Token ids of a conversation through the model's own chat template."""
     if not conversation:
         raise ParamError("messages", "messages must not be empty")
     out = tokenizer.apply_chat_template(
-        conversation, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
+        conversation, tools=tools, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
     )
     return list(out["input_ids"] if isinstance(out, dict) else out)
 

@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 from engine.errors import ParamError
 
 
-STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
 @dataclass(frozen=True)
 class StructuredOutput:
     """A constraint on the whole output. `spec` is text for every kind: a JSON schema, a
-    regex, a JSON list of choices or an EBNF grammar (empty for json_object)."""
+    regex, a JSON list of choices, an EBNF grammar or an xgrammar structural tag (JSON;
+    tool calls use it), and empty for json_object."""
 
     kind: str
     spec: str = ""

@@ -76,9 +76,11 @@ class Grammars:
             elif so.kind == "choice":
                 choices = json.loads(so.spec)
                 grammar = c.compile_regex("|".join(_regex_literal(s) for s in choices))
+            elif so.kind == "structural_tag":
+                grammar = c.compile_structural_tag(so.spec)
             else:
                 grammar = c.compile_grammar(so.spec)
-        except (RuntimeError, ValueError) as exc:
+        except (RuntimeError, ValueError, TypeError) as exc:
             why = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(exc).strip()) or repr(exc)  # xgrammar's log prefix
             raise ParamError("structured_outputs", f"invalid {so.kind} constraint: {why}") from None
         self._cache[key] = grammar

@@ -146,6 +146,8 @@ def test_typed_bentoml_client(server, client):
 
 # -- bad input -----------------------------------------------------------------------------
 LONG = "word " * 600  # > max_model_len (512) tokens
+TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 BAD = [
     ("chat", {"model": MODEL, "messages": CHAT, "max_tokens": "lots"}, "max_tokens"),
     # types are strict, as OpenAI documents: no quiet coercion of strings or floats
@@ -176,6 +178,17 @@ BAD = [
     ("completions", {"model": MODEL, "prompt": LONG, "stream": True}, "prompt"),
     ("chat", {"model": MODEL, "messages": []}, "messages"),
     ("chat", {"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    # tools: a choice naming a function that is not offered, a call whose arguments are not JSON
+    ("chat", {"model": MODEL, "messages": CHAT, "tools": [TOOL], "tool_choice": {
+        "type": "function", "function": {"name": "launch_rocket"}}}, "tool_choice"),
+    ("chat", {"model": MODEL, "messages": CHAT, "tool_choice": "required"}, "tool_choice"),
+    ("chat", {"model": MODEL, "messages": CHAT + [{"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{city"}}]}]},
+     "messages[1].tool_calls[0].function.arguments"),
+    ("chat", {"model": MODEL, "messages": CHAT + [{"role": "tool", "content": "12:00"}]}, "messages[1].tool_call_id"),
+    ("chat", {"model": MODEL, "messages": CHAT, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "bogus"}}}}}],
+        "tool_choice": "required"}, "tools"),
 ]
 
 

@@ -1,0 +1,251 @@
+"""Tool calling: tools into the prompt, calls out of the generated text.
+
+Calls use the Hermes format that Qwen2.5/3, Hermes and many fine-tunes are trained on:
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+A model whose chat template renders `tools` gets them through its template. Other
+templates (SmolLM2's, for one) get DEFAULT_PROMPT as a system message, assistant turns
+that called tools rendered as the calls' text, and tool results as user turns wrapped
+in <tool_response> tags, so the conversation reads the same way a tool-trained model
+would see it.
+
+`tool_choice="required"` and a named function become an xgrammar structural tag: the
+output is one or more calls and nothing else, each naming an offered function (the named
+one) with arguments that follow its JSON schema, so a forced call always parses. With
+`auto` the model decides and the text is parsed (a `strict` function makes any call the
+model begins follow the grammar too); a block that does not parse, or names a function
+that is not in `tools`, stays in `content` rather than becoming a call the client
+cannot dispatch.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from engine.sampling_params import StructuredOutput
+from engine.serving.errors import bad_request
+from engine.serving.protocol import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall, ToolChoice
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+DEFAULT_PROMPT = """You can call functions to help answer. Each function is described by a JSON object on its own line:
+{tools}
+
+To call a function, reply with its name and arguments as one JSON object inside <tool_call></tool_call> tags, \
+one block per call, for example:
+<tool_call>
+{{"name": "function_name", "arguments": {{"argument": "value"}}}}
+</tool_call>
+Each result comes back inside <tool_response></tool_response> tags. Answer in plain text when no function is needed."""
+
+Conversation = list[dict[str, Any]]
+
+
+def template_takes_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders a `tools` list itself."""
+    tpl = getattr(tokenizer, "chat_template", None)
+    if isinstance(tpl, dict):
+        tpl = tpl.get("tool_use") or tpl.get("default")
+    return isinstance(tpl, str) and "tools" in tpl
+
+
+def active_tools(tools: list[Tool] | None, choice: ToolChoice | None) -> list[Tool]:
+    """The tools the model may call under this choice; 400s for a choice that cannot hold."""
+    tools = tools or []
+    if choice is None or choice == "auto":
+        return tools
+    if choice == "none":
+        return []
+    if not tools:
+        raise bad_request(f"tool_choice {_choice_name(choice)} needs a non-empty `tools` list", "tool_choice")
+    if isinstance(choice, NamedToolChoice):
+        named = [t for t in tools if t.function.name == choice.function.name]
+        if not named:
+            raise bad_request(f"tool_choice names function `{choice.function.name}`, which is not in `tools` ("
+                              + ", ".join(t.function.name for t in tools) + ")", "tool_choice")
+        return named
+    return tools
+
+
+def _choice_name(choice: ToolChoice) -> str:
+    return f"`{choice}`" if isinstance(choice, str) else f"function `{choice.function.name}`"
+
+
+def render(messages: Sequence[ChatMessage], tools: list[Tool], native: bool) -> tuple[Conversation, list | None]:
+    """The conversation for apply_chat_template and the `tools` to pass it (native templates only)."""
+    conv: Conversation = []
+    for i, m in enumerate(messages):
+        role = "system" if m.role == "developer" else m.role
+        if m.tool_calls is not None and role != "assistant":
+            raise bad_request("only assistant messages carry tool_calls", f"messages[{i}].tool_calls")
+        if role == "tool" and not m.tool_call_id:
+            raise bad_request("a tool message needs the tool_call_id it answers", f"messages[{i}].tool_call_id")
+        calls = [(c.id, c.function.name, _arguments(c.function, f"messages[{i}].tool_calls[{j}].function.arguments"))
+                 for j, c in enumerate(m.tool_calls or [])]
+        if native:
+            msg: dict[str, Any] = {"role": role, "content": m.text()}
+            if calls:
+                msg["tool_calls"] = [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+                                     for cid, name, args in calls]
+            if role == "tool":
+                msg["tool_call_id"] = m.tool_call_id
+            conv.append(msg)
+        elif role == "tool":
+            conv.append({"role": "user", "content": f"<tool_response>\n{m.text()}\n</tool_response>"})
+        else:
+            text = "\n".join([m.text()] * bool(m.text()) + [call_text(name, args) for _, name, args in calls])
+            conv.append({"role": role, "content": text})
+    specs = [t.model_dump(exclude_none=True) for t in tools]
+    if native:
+        return conv, specs or None
+    if specs:
+        prompt = DEFAULT_PROMPT.format(tools="\n".join(json.dumps(s, ensure_ascii=False) for s in specs))
+        if conv and conv[0]["role"] == "system":
+            conv[0] = {"role": "system", "content": prompt + "\n\n" + conv[0]["content"]}
+        else:
+            conv.insert(0, {"role": "system", "content": prompt})
+    return conv, None
+
+
+def _arguments(fn: FunctionCall, field: str) -> Any:
+    try:
+        return json.loads(fn.arguments)
+    except json.JSONDecodeError as exc:
+        raise bad_request(f"arguments must be JSON text: {exc}", field) from None
+
+
+def call_text(name: str, arguments: Any) -> str:
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"{OPEN}\n{body}\n{CLOSE}"
+
+
+def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> StructuredOutput | None:
+    """The grammar a tool choice needs, as an xgrammar structural tag, or None.
+
+    `required` and a named function: one or more calls (one without parallel calls) and
+    nothing else, each naming an offered function (the named one) with arguments that
+    follow its schema. `auto` with a `strict` function: free text, but a call, once
+    begun, must be whole and valid. Otherwise the model is free and its text is parsed.
+    """
+    forced = choice == "required" or isinstance(choice, NamedToolChoice)
+    if not tools or not (forced or any(t.function.strict for t in tools)):
+        return None
+    tags = [{"type": "tag", "begin": f'{OPEN}\n{{"name": {json.dumps(t.function.name)}, "arguments": ',
+             "content": {"type": "json_schema", "json_schema": t.function.parameters or {"type": "object"},
+                         "max_whitespace_cnt": 4},  # room for indentation, none for endless blank lines
+             "end": "}\n" + CLOSE} for t in tools]
+    if forced:
+        fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
+               "stop_after_first": not parallel}
+    else:
+        fmt = {"type": "triggered_tags", "triggers": [OPEN], "tags": tags, "stop_after_first": not parallel}
+    return StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+class CallParser:
+    """Splits generated text into content and tool calls as it arrives.
+
+    `feed` returns the content that can be shown now and the calls completed now. Text
+    that may be the start of a <tool_call> tag is held back until it is decided, and
+    whitespace is held until something follows it, so the gaps between calls are not
+    sent as content. A plain-text answer comes out unchanged.
+    """
+
+    def __init__(self, tools: list[Tool]) -> None:
+        self.names = {t.function.name for t in tools}
+        self.buf = ""
+        self.blank = ""  # whitespace waiting to see what follows it
+        self.in_call = False
+        self.calls = 0
+
+    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+        self.buf += text
+        out: list[str] = []
+        calls: list[ToolCall] = []
+        while True:
+            if self.in_call:
+                end = self.buf.find(CLOSE)
+                if end < 0:
+                    break
+                block, self.buf, self.in_call = self.buf[:end], self.buf[end + len(CLOSE):], False
+                self._settle(block, out, calls)
+                continue
+            start = self.buf.find(OPEN)
+            if start >= 0:
+                self._content(self.buf[:start], out)
+                self.buf, self.in_call = self.buf[start + len(OPEN):], True
+                continue
+            keep = _partial_suffix(self.buf, OPEN)
+            self._content(self.buf[:len(self.buf) - keep], out)
+            self.buf = self.buf[len(self.buf) - keep:]
+            break
+        return "".join(out), calls
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """Flush at the end of the output: an unclosed call still counts if its JSON is whole."""
+        out: list[str] = []
+        calls: list[ToolCall] = []
+        if self.in_call:
+            self._settle(self.buf, out, calls)
+            self.in_call = False
+        else:
+            self._content(self.buf, out)
+        if not self.calls and self.blank:
+            out.append(self.blank)  # a plain answer keeps its trailing whitespace
+        self.buf = self.blank = ""
+        return "".join(out), calls
+
+    def _content(self, text: str, out: list[str]) -> None:
+        if self.calls and not self.blank:
+            text = text.lstrip()  # no leading blank line for text that follows a call
+        stripped = text.rstrip()
+        if stripped:
+            out.append(self.blank + stripped)
+            self.blank = text[len(stripped):]
+        else:
+            self.blank += text
+
+    def _settle(self, block: str, out: list[str], calls: list[ToolCall]) -> None:
+        call = self._parse(block)
+        if call is None:
+            self._content(OPEN + block + (CLOSE if not self.in_call else ""), out)
+        else:
+            self.blank = ""
+            self.calls += 1
+            calls.append(call)
+
+    def _parse(self, block: str) -> ToolCall | None:
+        try:
+            obj = json.loads(block)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(obj, dict) or obj.get("name") not in self.names:
+            return None
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                return None
+        if not isinstance(args, dict):
+            return None
+        return ToolCall(id=new_call_id(), function=FunctionCall(name=obj["name"],
+                                                                arguments=json.dumps(args, ensure_ascii=False)))
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that begins `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0

@@ -1,0 +1,158 @@
+"""Tool calling: the parser and prompt rendering in-process, then round trips with the
+real openai client against `bentoml serve` (the session's server, tests/served.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from engine.serving.errors import APIError
+from engine.serving.protocol import ChatMessage, Tool
+from engine.serving.tools import CallParser, DEFAULT_PROMPT, active_tools, call_text, render
+from tests.served import MODEL
+
+pytestmark = pytest.mark.timeout(600)
+
+
+class GetWeather(BaseModel):
+    """The current weather in a city."""
+
+    city: str = Field(max_length=24)
+    unit: Literal["celsius", "fahrenheit"]
+
+
+class GetTime(BaseModel):
+    """The local time in a city."""
+
+    city: str = Field(max_length=24)
+
+
+WEATHER = openai.pydantic_function_tool(GetWeather, name="get_weather")
+TIME = openai.pydantic_function_tool(GetTime, name="get_time")
+ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+TOOLS = [Tool.model_validate(WEATHER), Tool.model_validate(TIME)]
+
+
+def _parse_all(text: str, pieces: int) -> tuple[str, list]:
+    """Feed `text` in `pieces` roughly equal chunks, as a stream would, and flush."""
+    p = CallParser(TOOLS)
+    step = max(1, len(text) // pieces)
+    out, calls = "", []
+    for i in range(0, len(text), step):
+        c, k = p.feed(text[i:i + step])
+        out, calls = out + c, calls + k
+    c, k = p.finish()
+    return out + c, calls + k
+
+
+# -- in-process: parsing and rendering --------------------------------------------------------
+@pytest.mark.parametrize("pieces", [1, 7, 1000])
+def test_calls_come_out_of_the_text_however_it_is_split(pieces):
+    text = ("Let me check.\n" + call_text("get_weather", {"city": "Paris", "unit": "celsius"}) + "\n"
+            + call_text("get_time", {"city": "Paris"}))
+    content, calls = _parse_all(text, pieces)
+    assert content == "Let me check."
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_time", {"city": "Paris"})]
+    assert len({c.id for c in calls}) == 2 and all(c.id.startswith("call_") for c in calls)
+
+
+@pytest.mark.parametrize("pieces", [1, 5, 1000])
+def test_plain_answers_and_broken_calls_stay_text(pieces):
+    plain = "It is sunny <b>today</b>, about 20 degrees.\n\n"
+    assert _parse_all(plain, pieces) == (plain, [])
+    for bad in ['<tool_call>\n{"name": "launch_rocket", "arguments": {}}\n</tool_call>',  # not offered
+                '<tool_call>\n{"name": "get_time", "arguments": {"city": </tool_call>',  # not JSON
+                '<tool_call>\n{"name": "get_time", "arguments": {"city": "Pa']:  # cut off by max_tokens
+        assert _parse_all(bad, pieces) == (bad, []), bad
+
+
+def test_an_unclosed_call_with_whole_json_still_counts():
+    content, calls = _parse_all('<tool_call>\n{"name": "get_time", "arguments": "{\\"city\\": \\"Rome\\"}"}', 3)
+    assert content == "" and json.loads(calls[0].function.arguments) == {"city": "Rome"}
+
+
+def test_a_template_without_tools_gets_the_default_prompt_and_hermes_history():
+    msgs = [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Weather?"),
+            ChatMessage.model_validate({"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": '{"city": "Oslo"}'}}]}),
+            ChatMessage(role="tool", content="09:00", tool_call_id="c1")]
+    conv, specs = render(msgs, TOOLS, native=False)
+    assert specs is None
+    assert conv[0]["role"] == "system" and conv[0]["content"].endswith("\n\nBe brief.")
+    assert conv[0]["content"].startswith(DEFAULT_PROMPT.split("{tools}")[0]) and '"name": "get_weather"' in conv[0]["content"]
+    assert conv[2] == {"role": "assistant", "content": call_text("get_time", {"city": "Oslo"})}
+    assert conv[3] == {"role": "user", "content": "<tool_response>\n09:00\n</tool_response>"}
+    native, specs = render(msgs, TOOLS, native=True)
+    assert specs == [t.model_dump(exclude_none=True) for t in TOOLS] and native[3]["tool_call_id"] == "c1"
+    assert native[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+
+
+def test_tool_choice_checks():
+    assert active_tools(TOOLS, "none") == [] and active_tools(TOOLS, None) == TOOLS
+    named = {"type": "function", "function": {"name": "get_time"}}
+    from engine.serving.protocol import NamedToolChoice
+    assert active_tools(TOOLS, NamedToolChoice.model_validate(named)) == [TOOLS[1]]
+    with pytest.raises(APIError) as err:
+        active_tools(TOOLS, NamedToolChoice.model_validate({"type": "function", "function": {"name": "x"}}))
+    assert err.value.detail.param == "tool_choice" and "not in `tools`" in str(err.value)
+
+
+# -- end to end -------------------------------------------------------------------------------
+def _round_trip(client, message: dict) -> openai.types.chat.ChatCompletion:
+    """Answer the call with a result and ask for the next turn."""
+    results = [{"role": "tool", "tool_call_id": c["id"], "content": json.dumps({"temperature": 18, "sky": "clear"})}
+               for c in message["tool_calls"]]
+    return client.chat.completions.create(model=MODEL, messages=ASK + [message] + results, tools=[WEATHER, TIME],
+                                          max_tokens=40, temperature=0)
+
+
+def test_required_tool_round_trip(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+                                       parallel_tool_calls=False, max_tokens=80, temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name in ("get_weather", "get_time")
+    (GetWeather if call.function.name == "get_weather" else GetTime).model_validate_json(call.function.arguments)
+    nxt = _round_trip(client, choice.message.model_dump(exclude_none=True))
+    assert nxt.choices[0].message.content and nxt.choices[0].finish_reason in ("stop", "length")
+
+
+def test_required_tool_round_trip_streamed(client):
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False,
+        max_tokens=80, temperature=1.0, seed=7, stream=True))
+    calls: dict[int, dict] = {}
+    for ch in chunks:
+        for d in ch.choices[0].delta.tool_calls or []:
+            c = calls.setdefault(d.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            c["id"] += d.id or ""
+            c["function"]["name"] += d.function.name or ""
+            c["function"]["arguments"] += d.function.arguments or ""
+    assert list(calls) == [0] and calls[0]["id"].startswith("call_")
+    fn = calls[0]["function"]
+    (GetWeather if fn["name"] == "get_weather" else GetTime).model_validate_json(fn["arguments"])
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
+    nxt = _round_trip(client, {"role": "assistant", "tool_calls": [calls[0]]})
+    assert nxt.choices[0].message.content
+
+
+def test_a_named_tool_is_the_one_called_on_every_sample(client):
+    r = client.chat.completions.parse(model=MODEL, messages=ASK, tools=[WEATHER, TIME], n=3, temperature=1.0, seed=2,
+                                      tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                      parallel_tool_calls=False, max_tokens=60)
+    for choice in r.choices:
+        [call] = choice.message.tool_calls
+        assert call.function.name == "get_time" and isinstance(call.function.parsed_arguments, GetTime)
+
+
+def test_tool_choice_none_answers_in_text(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=12,
+                                       temperature=0)
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=12, temperature=0)
+    assert r.choices[0].message.content == plain.choices[0].message.content and not r.choices[0].message.tool_calls
