@@ -71,7 +71,8 @@ class LLMService:
         # The engine core runs in its own process; this one keeps HTTP, tokenization and SSE.
         served = served or config.model or DEFAULT_MODEL_NAME
         self.llm = AsyncLLM.start(config, engine_metrics(served))
-        self.serving = OpenAIServing(self.llm, served, root or self.llm.model_name)
+        aliases = [self.llm.hf_id] if self.llm.hf_id else []  # clients may also name it by its HF id
+        self.serving = OpenAIServing(self.llm, served, root or self.llm.model_name, aliases)
         logger.info("serving %s (max_model_len %d) from %s", served, self.llm.max_model_len, root or "embedded")
 
     def __is_alive__(self) -> bool:

@@ -20,8 +20,8 @@ from engine.errors import ParamError
 from engine.kv_cache_manager import KVCacheManager
 from engine.models import loader
 from engine.outputs import CompletionDelta, CompletionOutput, RequestMetrics, RequestOutput
-from engine.runner import ModelRunner
-from engine.sampler import Sampler, SamplingRow, TokenLogprobs, make_generator
+from engine.runner import ModelRunner, StepLogits
+from engine.sampler import Sampler, SamplingRow, TokenLogprobs, make_generator, token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -43,9 +43,14 @@ class Request:
     metrics: RequestMetrics = field(init=False)
     # What each sequence produced since this request's last output, by sequence index.
     deltas: dict[int, CompletionDelta] = field(default_factory=dict)
+    # Per prompt token, when asked for: None for the first (nothing predicts it), then TokenLogprobs.
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(self.arrival_time)
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
 
     @property
     def finished(self) -> bool:
@@ -87,6 +92,7 @@ class LLMEngine:
         self.eos_token_ids = _eos_ids(hf_config, self.tokenizer)
         self.max_model_len = resolved.max_model_len
         self.sampling_defaults = loader.load_sampling_defaults(files)  # generation_config.json
+        self.hf_id = loader.hf_id(files)
 
         model = loader.build_model(
             None if config.load_format == "dummy" else files, hf_config, self.dtype, self.device,
@@ -149,7 +155,7 @@ class LLMEngine:
                 f"max_tokens ({max_tokens}) plus the prompt's {n_prompt} tokens exceeds max_model_len "
                 f"({self.max_model_len})",
             )
-        params = replace(params, max_tokens=max_tokens)
+        params = replace(params, max_tokens=max_tokens, bad_words_token_ids=self._bad_words(params))
         vocab = self.hf_config.vocab_size
         for name, ids in params.token_ids_used().items():
             if any(t >= vocab for t in ids):
@@ -165,6 +171,18 @@ class LLMEngine:
             [Detokenizer(self.tokenizer, token_ids, params)], now, pending_forks=params.n - 1,
         )
         self.scheduler.add(seq)
+
+    def _bad_words(self, params: SamplingParams) -> list[list[int]] | None:
+        """Each bad word's tokens as it starts the text and as it follows a space, as vLLM."""
+        if params.bad_words_token_ids is not None or not params.bad_words:
+            return params.bad_words_token_ids
+        ids: list[list[int]] = []
+        for word in params.bad_words:
+            for text in dict.fromkeys([word, " " + word.lstrip()]):
+                toks = self.tokenizer.encode(text, add_special_tokens=False)
+                if toks and toks not in ids:
+                    ids.append(toks)
+        return ids
 
     def _new_seq(self, request_id: str, token_ids: list[int], params: SamplingParams, index: int,
                  cache_salt: str | None, now: float) -> Sequence:
@@ -197,12 +215,14 @@ class LLMEngine:
                           prefix_cache_hit_tokens=batch.prefix_hit_tokens)
         outputs: list[RequestOutput] = []
         if batch.seqs:
-            logits, sampling = self.runner.execute(batch)
+            out = self.runner.execute(batch)
             for seq, n in zip(batch.seqs, batch.num_new):
                 stats.prompt_tokens_computed += max(0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens))
                 seq.num_computed_tokens += n
             self._track_waste()
-            outputs = self._sample(logits, sampling, stats)
+            if out.prompt_spans:
+                self._prompt_logprobs(out)
+            outputs = self._sample(out.logits, out.sampling, stats)
         self._fill_gauges(stats)
         self._accumulate(stats)
         return StepOutput(outputs, stats)
@@ -226,6 +246,21 @@ class LLMEngine:
             self._append(seq, req, tok, lp, now)
             changed[req.request_id] = req
         return [self._output(r) for r in changed.values()]
+
+    def _prompt_logprobs(self, out: StepLogits) -> None:
+        """Extend each request's prompt logprobs by this step's chunk. A sequence recomputing
+        its prompt after preemption (or a fork doing so) adds nothing already recorded."""
+        row = 0
+        for seq, first, count in out.prompt_spans:
+            req = self.requests[seq.request_id]
+            have = len(req.prompt_logprobs)  # covers tokens [0, have): position have - 1 comes next
+            skip = max(0, have - 1 - first)
+            if skip < count:
+                rows = out.prompt_logits[row + skip:row + count]
+                targets = seq.token_ids[first + 1 + skip:first + 1 + count]
+                k = seq.params.prompt_logprobs or 0
+                req.prompt_logprobs.extend(token_logprobs(rows, targets, [k] * len(targets)))
+            row += count
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         """Once the shared prompt is computed, split off the other n-1 sequences."""
@@ -293,8 +328,12 @@ class LLMEngine:
         ]
         req.deltas = {}
         first = req.seqs[0]
+        prompt_lps = None
+        if (req.prompt_logprobs and not req.prompt_logprobs_sent
+                and len(req.prompt_logprobs) == first.num_prompt_tokens):
+            prompt_lps, req.prompt_logprobs_sent = req.prompt_logprobs, True
         return RequestOutput(req.request_id, req.prompt, first.prompt_token_ids, outs, finished,
-                             first.num_cached_tokens, req.metrics)
+                             first.num_cached_tokens, req.metrics, prompt_lps)
 
     # -- statistics ---------------------------------------------------------------
     def _track_waste(self) -> None:

@@ -41,9 +41,10 @@ class KVCacheManager:
     def find_cached(self, seq: Sequence) -> list[Block]:
         """The longest run of cached blocks that starts the sequence's known tokens.
 
-        The last known token is never served from the cache: its logits are needed.
+        The last known token is never served from the cache: its logits are needed. Nor is
+        anything of a request that wants prompt logprobs: they come from computing the prompt.
         """
-        if not self.enable_caching:
+        if not self.enable_caching or seq.params.prompt_logprobs is not None:
             return []
         limit = (seq.num_tokens - 1) // self.block_size
         hits: list[Block] = []

@@ -90,13 +90,18 @@ class LLM:
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
+        prompt_lps: dict[str, list] = {}  # sent once, before the request finishes
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm or len(ids) < 2)
         while self.engine.has_unfinished():
             for out in self.engine.step().outputs:
+                if out.prompt_logprobs is not None:
+                    prompt_lps[out.request_id] = out.prompt_logprobs
                 if out.finished:
                     done[out.request_id] = out
                     bar.update(1)
         bar.close()
+        for rid, lps in prompt_lps.items():
+            done[rid].prompt_logprobs = lps
         return [done[rid] for rid in ids]
 
     def stats(self) -> EngineStats:

@@ -61,6 +61,9 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = field(default=None, repr=False)
+    # Sent once, in the first output after the whole prompt is computed: None for the first
+    # prompt token, then engine.sampler.TokenLogprobs for each of the others.
+    prompt_logprobs: list[Any] | None = None
 
     @property
     def deltas(self) -> list[CompletionDelta]:

@@ -21,7 +21,18 @@ class StepInput:
     positions: torch.Tensor
     meta: AttnMetadata
     logits_indices: torch.Tensor
-    sampling: list[Sequence]  # in the order of the logits rows
+    sampling: list[Sequence]  # in the order of the first logits rows
+    # (sequence, first position, count) for prompt tokens whose logprobs were asked for;
+    # their logits rows follow the sampling rows, in this order.
+    prompt_spans: list[tuple[Sequence, int, int]]
+
+
+@dataclass
+class StepLogits:
+    logits: torch.Tensor  # fp32, one row per sampling sequence
+    sampling: list[Sequence]
+    prompt_spans: list[tuple[Sequence, int, int]]
+    prompt_logits: torch.Tensor  # fp32, one row per position in prompt_spans: it predicts the next token
 
 
 class ModelRunner:
@@ -73,6 +84,15 @@ class ModelRunner:
 
         sampling_rows = [i for i, r in enumerate(reqs) if seq_lens[i] == r.num_tokens]
         logits_idx = starts[1:][sampling_rows] - 1
+        spans: list[tuple[Sequence, int, int]] = []
+        for i, r in enumerate(reqs):
+            if r.params.prompt_logprobs is not None:
+                # position p predicts token p + 1: the prompt's last position predicts the first output
+                c = int(computed[i])
+                count = min(c + int(num_new[i]), r.num_prompt_tokens - 1) - c
+                if count > 0:
+                    spans.append((r, c, count))
+                    logits_idx = np.concatenate((logits_idx, np.arange(starts[i], starts[i] + count)))
 
         dev = self.device
         block_tables = torch.from_numpy(table_np.astype(np.int32)).to(dev)
@@ -98,11 +118,12 @@ class ModelRunner:
             meta=meta,
             logits_indices=torch.from_numpy(logits_idx).to(dev),
             sampling=[reqs[i] for i in sampling_rows],
+            prompt_spans=spans,
         )
 
     @torch.inference_mode()
-    def execute(self, batch: Batch) -> tuple[torch.Tensor, list[Sequence]]:
-        """Run the step; returns fp32 logits for the sequences that sample, and those sequences."""
+    def execute(self, batch: Batch) -> StepLogits:
+        """Run the step: fp32 logits for the sequences that sample and the prompt positions asked for."""
         if not self._threads_bound:
             kernels.cpu.bind_threads()
             self._threads_bound = True
@@ -110,7 +131,8 @@ class ModelRunner:
             self._copy_blocks(batch.copies)
         step = self.prepare(batch)
         logits = self.model(step.input_ids, step.positions, self.kv_caches, step.meta, step.logits_indices)
-        return logits, step.sampling
+        k = len(step.sampling)
+        return StepLogits(logits[:k], step.sampling, step.prompt_spans, logits[k:])
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         src = torch.tensor([s for s, _ in copies], device=self.device)

@@ -62,6 +62,7 @@ class Sampler:
         self._mask_min_tokens(x, rows)
         apply_penalties(x, rows)
         apply_bias(x, rows)
+        apply_bad_words(x, rows)
         constrained = [i for i, r in enumerate(rows) if r.matcher is not None]
         if constrained:
             self.grammars.apply_masks(x, constrained, [rows[i].matcher for i in constrained])
@@ -164,6 +165,16 @@ def apply_bias(x: torch.Tensor, rows: list[SamplingRow]) -> None:
             x[i, ids] += torch.tensor(list(p.logit_bias.values()), device=x.device)
 
 
+def apply_bad_words(x: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """vLLM's bad_words, in place: a one-token word is always banned; a longer one loses
+    its last token whenever the output so far ends with the rest of it."""
+    for i, r in enumerate(rows):
+        for ids in r.params.bad_words_token_ids or ():
+            *head, last = ids
+            if not head or r.output_token_ids[-len(head):] == head:
+                x[i, last] = -torch.inf
+
+
 def _token_counts(seqs: list[list[int]], vocab: int, dev: torch.device) -> torch.Tensor:
     """[len(seqs), vocab] float counts of each token id in each sequence."""
     width = max((len(s) for s in seqs), default=0)
@@ -206,18 +217,23 @@ def compute_logprobs(
     """Sampled-token logprob, rank and top-k from the raw model distribution."""
     out: list[TokenLogprobs | None] = [None] * len(rows)
     idx = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
-    if not idx:
-        return out
+    if idx:
+        picked = logits[torch.tensor(idx, device=logits.device)] if len(idx) < len(rows) else logits
+        lps = token_logprobs(picked, [token_ids[i] for i in idx], [rows[i].params.logprobs or 0 for i in idx])
+        for i, lp in zip(idx, lps):
+            out[i] = lp
+    return out
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: list[int], ks: list[int]) -> list[TokenLogprobs]:
+    """Row i: the logprob and rank of token_ids[i] and the ks[i] most likely tokens."""
     dev = logits.device
-    lp = torch.log_softmax(logits[torch.tensor(idx, device=dev)].float(), dim=-1)
-    chosen = torch.tensor([token_ids[i] for i in idx], device=dev)[:, None]
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = torch.tensor(token_ids, device=dev)[:, None]
     chosen_lp = lp.gather(1, chosen)
     ranks = ((lp > chosen_lp).sum(dim=-1) + 1).tolist()
-    k = max(rows[i].params.logprobs or 0 for i in idx)
+    k = max(ks, default=0)
     top_lp, top_ids = lp.topk(k, dim=-1)
     top_lp, top_ids, chosen_lp = top_lp.tolist(), top_ids.tolist(), chosen_lp[:, 0].tolist()
-    for j, i in enumerate(idx):
-        n = rows[i].params.logprobs or 0
-        top = list(zip(top_ids[j][:n], top_lp[j][:n]))
-        out[i] = TokenLogprobs(token_ids[i], chosen_lp[j], ranks[j], top)
-    return out
+    return [TokenLogprobs(token_ids[j], chosen_lp[j], ranks[j], list(zip(top_ids[j][:n], top_lp[j][:n])))
+            for j, n in enumerate(ks)]

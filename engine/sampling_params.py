@@ -53,6 +53,9 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # None: every token; else only these
     include_stop_str_in_output: bool = False  # keep the matched stop string at the end of the text
     structured: StructuredOutput | None = None  # engine/structured.py
+    prompt_logprobs: int | None = None  # logprob and top-k of every prompt token (the first has none)
+    bad_words: list[str] = field(default_factory=list)  # never generated, whether or not led by a space
+    bad_words_token_ids: list[list[int]] | None = None  # bad_words tokenized: the engine fills it
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -78,7 +81,12 @@ class SamplingParams:
             "must not exceed max_tokens",
         )
         _check(self, "logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]")
+        _check(self, "prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+               "must be in [0, 20]")
         _check(self, "stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings")
+        self.bad_words = list(self.bad_words or [])
+        _check(self, "bad_words", all(isinstance(w, str) and w.strip() for w in self.bad_words),
+               "must be non-blank strings")
         _check(self, "stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "must be non-negative")
         self.logit_bias = {int(t): float(b) for t, b in (self.logit_bias or {}).items()}
         _check(self, "logit_bias", all(t >= 0 and -100 <= b <= 100 for t, b in self.logit_bias.items()),
@@ -96,7 +104,8 @@ class SamplingParams:
     def token_ids_used(self) -> dict[str, list[int]]:
         """Every token id a field names, by field: the engine checks them against its vocabulary."""
         return {"stop_token_ids": self.stop_token_ids, "logit_bias": list(self.logit_bias),
-                "allowed_token_ids": self.allowed_token_ids or []}
+                "allowed_token_ids": self.allowed_token_ids or [],
+                "bad_words": [t for ids in self.bad_words_token_ids or [] for t in ids]}
 
     @property
     def greedy(self) -> bool:

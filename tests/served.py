@@ -14,6 +14,7 @@ BIN = Path(sys.executable).parent
 KEY = "test-key-123"
 MODEL = "SmolLM2-135M-Instruct"
 MODEL_TAG = "smollm2-135m-instruct"
+HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 # Small pool: 128 blocks of 16 tokens, so leaks show and the server starts fast.

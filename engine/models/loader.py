@@ -21,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
-from engine.models import DEFAULT_MODEL_NAME, default_model_path
+from engine.models import DEFAULT_GGUF_FILE, DEFAULT_HF_ID, DEFAULT_MODEL_NAME, default_model_path
 from engine.models import packed_linear
 from engine.models.llama import LlamaForCausalLM
 
@@ -127,6 +127,21 @@ def load_sampling_defaults(files: ModelFiles) -> dict[str, float]:
         return {}
     data = json.loads(path.read_text())
     return {k: data[k] for k in SAMPLING_DEFAULT_KEYS if isinstance(data.get(k), (int, float))}
+
+
+def hf_id(files: ModelFiles) -> str | None:
+    """The Hugging Face id the model is known by, when we can tell: a model found in the HF
+    cache by id, or a directory made from the embedded GGUF (its source.json says so)."""
+    if not Path(files.source).exists():
+        return files.source  # resolved by repo id
+    src = files.path / "source.json"
+    if src.is_file():
+        data = json.loads(src.read_text())
+        if data.get("hf_id"):
+            return str(data["hf_id"])
+        if Path(data.get("gguf", "")).name == DEFAULT_GGUF_FILE:
+            return DEFAULT_HF_ID
+    return None
 
 
 def load_tokenizer(files: ModelFiles) -> PreTrainedTokenizerBase:

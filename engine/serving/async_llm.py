@@ -34,6 +34,7 @@ from engine.engine import LLMEngine, encode_prompt
 from engine.errors import ParamError
 from engine.models import loader
 from engine.outputs import CompletionDelta
+from engine.sampler import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from engine.serving.core import EngineDeadError, ProcessCore, ThreadCore
 from engine.serving.wire import EngineOutput
@@ -56,6 +57,7 @@ class StreamOutput:
     deltas: list[CompletionDelta]
     finished: bool
     num_cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # once, on the first item that has them
 
     @classmethod
     def fold(cls, prompt_token_ids: list[int], outs: list[EngineOutput]) -> StreamOutput:
@@ -69,7 +71,9 @@ class StreamOutput:
                     merged[d.index] = replace(d, token_ids=list(d.token_ids),
                                               logprobs=None if d.logprobs is None else list(d.logprobs))
         last = outs[-1]
-        return cls(last.request_id, prompt_token_ids, list(merged.values()), last.finished, last.num_cached_tokens)
+        prompt_lps = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
+        return cls(last.request_id, prompt_token_ids, list(merged.values()), last.finished, last.num_cached_tokens,
+                   prompt_lps)
 
 
 class _Stream:
@@ -144,6 +148,11 @@ class AsyncLLM:
     @property
     def model_name(self) -> str:
         return self._core.model_name
+
+    @property
+    def hf_id(self) -> str | None:
+        """The model's Hugging Face id, when known: clients may name the model by it."""
+        return self._core.hf_id
 
     @property
     def sampling_defaults(self) -> dict[str, float]:

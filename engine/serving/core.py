@@ -57,6 +57,7 @@ class ThreadCore:
         self.max_model_len = engine.max_model_len
         self.sampling_defaults = engine.sampling_defaults
         self.model_name = engine.model_name
+        self.hf_id = engine.hf_id
         self._on_added, self._on_step, self._on_dead = on_added, on_step, on_dead
         self._cmds: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self.last_stats = engine.stats()
@@ -159,6 +160,7 @@ class ProcessCore:
         info = first[1]
         self.max_model_len, self.model_name = info["max_model_len"], info["model_name"]
         self.sampling_defaults = info["sampling_defaults"]
+        self.hf_id = info["hf_id"]
         self.last_stats = EngineStats(**info["stats"])
         self.pid = self._proc.pid
         self._reader = threading.Thread(target=self._read, name="engine-core-reader", daemon=True)
@@ -240,7 +242,7 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
     try:
         engine = LLMEngine(config)
         conn.send_bytes(wire.pack(["ready", {"max_model_len": engine.max_model_len, "model_name": engine.model_name,
-                                             "sampling_defaults": engine.sampling_defaults,
+                                             "sampling_defaults": engine.sampling_defaults, "hf_id": engine.hf_id,
                                              "stats": asdict(engine.stats())}]))
     except BaseException as exc:  # noqa: BLE001 - the parent must hear why
         logger.exception("engine start-up failed")

@@ -27,16 +27,20 @@ from engine.serving.protocol import (
     ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
     ChatMessage, ChatResponseMessage, ChatStreamChoice, ChatTokenLogprob, CompletionChoice, CompletionChunk,
     CompletionLogprobs, CompletionRequest, CompletionResponse, DeltaFunctionCall, DeltaMessage, DeltaToolCall,
-    DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, SamplingFields, TokenizeRequest,
-    TokenizeResponse, Tool, TopLogprob, UsageInfo, random_id,
+    DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, PromptLogprob, PromptLogprobs, SamplingFields,
+    TokenizeRequest, TokenizeResponse, Tool, TopLogprob, UsageInfo, random_id,
 )
 from engine.serving.streams import DONE, Choice, Started, absorb, chain, collect, merge, prompt_list, sse, usage
 
 
 class OpenAIServing:
-    def __init__(self, llm: AsyncLLM, served_model_name: str, root: str | None = None) -> None:
+    def __init__(self, llm: AsyncLLM, served_model_name: str, root: str | None = None,
+                 aliases: Sequence[str] = ()) -> None:
+        """`aliases`: other names clients may send as `model` (the Hugging Face id, say);
+        responses always name the model by served_model_name."""
         self.llm = llm
         self.model_name = served_model_name
+        self.names = list(dict.fromkeys([served_model_name, *aliases]))
         self.root = root
         self.created = int(time.time())
         self._tok = llm.tokenizer
@@ -44,13 +48,13 @@ class OpenAIServing:
 
     # -- simple routes --------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        if model is not None and model not in self.names:
             raise APIError(404, f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
                            "invalid_request_error", "model", "model_not_found")
 
     def models(self) -> ModelList:
-        return ModelList(data=[ModelCard(id=self.model_name, created=self.created, root=self.root,
-                                         max_model_len=self.llm.max_model_len)])
+        return ModelList(data=[ModelCard(id=name, created=self.created, root=self.root,
+                                         max_model_len=self.llm.max_model_len) for name in self.names])
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         self.check_model(req.model)
@@ -81,10 +85,15 @@ class OpenAIServing:
 
     # -- sampling -------------------------------------------------------------------
     def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None,
-                        names: dict[str, str], tool_call: StructuredOutput | None = None) -> SamplingParams:
+                        names: dict[str, str], tool_call: StructuredOutput | None = None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """The model's generation_config.json, then OpenAI's defaults, where the request is
         silent (as vLLM's `--generation-config auto`); SamplingParams checks the ranges."""
+        if req.prompt_logprobs is not None and req.stream:
+            raise bad_request("prompt_logprobs cannot be streamed; ask without stream", "prompt_logprobs")
         kw: dict[str, Any] = {
+            "prompt_logprobs": req.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
+            "bad_words": list(req.bad_words or []),
             "n": req.n, "max_tokens": max_tokens, "seed": req.seed, "logprobs": logprobs,
             "stop": [req.stop] if isinstance(req.stop, str) else list(req.stop or []),
             "stop_token_ids": list(req.stop_token_ids or []), "min_tokens": req.min_tokens,
@@ -141,7 +150,8 @@ class OpenAIServing:
         last = await collect([(first, gen)], choices, 0, req.n)
         return ChatCompletionResponse(
             id=rid, model=self.model_name, usage=usage([last], choices),
-            choices=[self._chat_choice(i, c, tools, logprobs is not None) for i, c in enumerate(choices)])
+            choices=[self._chat_choice(i, c, tools, logprobs is not None) for i, c in enumerate(choices)],
+            prompt_logprobs=self._prompt_logprobs(last))
 
     def _chat_choice(self, index: int, c: Choice, tools: list[Tool], want_logprobs: bool) -> ChatChoice:
         text, calls, finish = c.text, [], c.finish_reason
@@ -210,47 +220,58 @@ class OpenAIServing:
             raise bad_request("suffix is not supported", "suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request("best_of must equal n (no server-side ranking)", "best_of")
-        if req.echo and req.logprobs is not None:
-            raise bad_request("echo together with logprobs is not supported", "echo")
         prompts = prompt_list(req.prompt)
         names: dict[str, str] = {}
-        params = self.sampling_params(req, req.max_tokens, req.logprobs, names)
+        # echo with logprobs scores the echoed prompt too, with as many alternatives as the output
+        echo_lps = req.logprobs if req.echo and req.logprobs is not None else None
+        plps = max(req.prompt_logprobs or 0, echo_lps) if echo_lps is not None else None
+        params = self.sampling_params(req, req.max_tokens, req.logprobs, names, prompt_logprobs=plps)
         rid = random_id("cmpl")
         started = await self._start(prompts, params, rid, req.cache_salt, names)
         n, total = req.n, req.n * len(prompts)
         echoes = [self._echo(p) if req.echo else "" for p in prompts]
         if req.stream:
-            return self._completion_stream(rid, started, n, echoes, req.include_usage, req.logprobs is not None,
-                                           req.continuous_usage)
+            return self._completion_stream(rid, started, n, echoes, req.include_usage, req.logprobs,
+                                           echo_lps is not None, req.continuous_usage)
         choices = [Choice() for _ in range(total)]
         outs = await asyncio.gather(*(collect([s], choices, i * n, n) for i, s in enumerate(started)))
-        return CompletionResponse(
-            id=rid, model=self.model_name, usage=usage(outs, choices),
-            choices=[CompletionChoice(index=i, text=echoes[i // n] + c.text,
-                                      logprobs=self._completion_logprobs(c.logprobs, 0)
-                                      if req.logprobs is not None else None,
-                                      finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-                     for i, c in enumerate(choices)])
+        result = []
+        for i, c in enumerate(choices):
+            out, lp = outs[i // n], None
+            if req.logprobs is not None:
+                lp = self._completion_logprobs(c.logprobs, len(echoes[i // n]))
+                if echo_lps is not None:
+                    lp = _join_logprobs(self._echo_logprobs(out, echo_lps), lp)
+            result.append(CompletionChoice(index=i, text=echoes[i // n] + c.text, logprobs=lp,
+                                           finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                                           prompt_logprobs=self._prompt_logprobs(out, req.prompt_logprobs)))
+        return CompletionResponse(id=rid, model=self.model_name, usage=usage(outs, choices), choices=result)
 
     def _echo(self, prompt: str | list[int]) -> str:
         return prompt if isinstance(prompt, str) else self._tok.decode(prompt)
 
-    async def _completion_stream(self, rid: str, started: list[Started],
-                                 n: int, echoes: list[str], include_usage: bool, want_logprobs: bool,
+    async def _completion_stream(self, rid: str, started: list[Started], n: int, echoes: list[str],
+                                 include_usage: bool, logprobs: int | None, echo_logprobs: bool,
                                  continuous_usage: bool = False) -> AsyncIterator[str]:
         created = int(time.time())
         choices = [Choice() for _ in range(n * len(started))]
         lasts: dict[int, StreamOutput] = {}
+        prompt_lps: dict[int, CompletionLogprobs] = {}
         try:
             async for p, out in merge(started):
                 lasts[p] = out
+                if echo_logprobs and out.prompt_logprobs is not None:
+                    prompt_lps[p] = self._echo_logprobs(out, logprobs or 0)
                 for d in out.deltas:
                     idx = p * n + d.index
                     c = choices[idx]
-                    offset = c.length
-                    prefix = echoes[p] if c.tokens == 0 and not c.length else ""
+                    first = c.tokens == 0 and not c.length
+                    prefix = echoes[p] if first else ""
+                    offset = c.length + len(echoes[p])
                     absorb(c, d)
-                    lp = self._completion_logprobs(d.logprobs, offset) if want_logprobs and d.logprobs else None
+                    lp = self._completion_logprobs(d.logprobs, offset) if logprobs is not None and d.logprobs else None
+                    if first and p in prompt_lps and lp is not None:
+                        lp = _join_logprobs(prompt_lps[p], lp)
                     yield sse(CompletionChunk(id=rid, created=created, model=self.model_name, choices=[
                         CompletionChoice(index=idx, text=prefix + d.text, logprobs=lp, finish_reason=d.finish_reason,
                                          stop_reason=d.stop_reason)],
@@ -261,6 +282,36 @@ class OpenAIServing:
             yield DONE
         finally:
             await asyncio.gather(*(g.aclose() for _, g in started), return_exceptions=True)  # type: ignore
+
+    def _echo_logprobs(self, out: StreamOutput, k: int) -> CompletionLogprobs:
+        """The echoed prompt's tokens in OpenAI's legacy shape: the first has no logprob."""
+        lps = CompletionLogprobs()
+        offset = 0
+        for tid, lp in zip(out.prompt_token_ids, out.prompt_logprobs or []):
+            s = self._token_str(tid)
+            lps.tokens.append(s)
+            lps.text_offset.append(offset)
+            lps.token_logprobs.append(None if lp is None else lp.logprob)
+            lps.top_logprobs.append(None if lp is None else {self._token_str(t): v for t, v in lp.top[:k]})
+            offset += len(s)
+        return lps
+
+    def _prompt_logprobs(self, out: StreamOutput, k: int | None = -1) -> PromptLogprobs | None:
+        """vLLM's prompt_logprobs: per prompt token, it and its top k by token id (k=-1: as asked)."""
+        if out.prompt_logprobs is None or k is None:
+            return None
+        result: PromptLogprobs = []
+        for lp in out.prompt_logprobs:
+            if lp is None:
+                result.append(None)
+                continue
+            top = lp.top if k < 0 else lp.top[:k]
+            entry = {str(t): PromptLogprob(logprob=v, rank=r, decoded_token=self._token_str(t))
+                     for r, (t, v) in enumerate(top, start=1)}
+            entry.setdefault(str(lp.token_id), PromptLogprob(logprob=lp.logprob, rank=lp.rank,
+                                                             decoded_token=self._token_str(lp.token_id)))
+            result.append(entry)
+        return result
 
     def _completion_logprobs(self, lps: list[TokenLogprobs], offset: int) -> CompletionLogprobs:
         out = CompletionLogprobs()
@@ -287,3 +338,9 @@ def _tool_delta(parser: tools_mod.CallParser, text: str, finish: str | None) -> 
                             function=DeltaFunctionCall(name=c.function.name, arguments=c.function.arguments))
               for k, c in enumerate(calls)]
     return DeltaMessage(content=content or None, tool_calls=deltas or None), finish
+
+
+def _join_logprobs(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLogprobs:
+    return CompletionLogprobs(text_offset=a.text_offset + b.text_offset, tokens=a.tokens + b.tokens,
+                              token_logprobs=a.token_logprobs + b.token_logprobs,
+                              top_logprobs=a.top_logprobs + b.top_logprobs)

@@ -157,6 +157,8 @@ class SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     allowed_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None  # not with stream: the answer carries them once, whole
     skip_special_tokens: bool = True
     cache_salt: str | None = Field(None, description="isolates this tenant's prefix-cache entries")
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older spellings
@@ -230,6 +232,17 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's prompt_logprobs entry, keyed by token id."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 # -- chat responses -------------------------------------------------------------------
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
@@ -253,6 +266,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     system_fingerprint: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaFunctionCall(BaseModel):
@@ -299,6 +313,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.outputs import CompletionDelta
@@ -70,17 +70,19 @@ async def chain(first: StreamOutput, gen: AsyncIterator[StreamOutput]) -> AsyncI
 
 
 async def collect(started: list[Started], choices: list[Choice],
-                   base: int, n: int) -> StreamOutput:
-    """Drain one primed request into choices[base:base+n]; return its last output."""
+                  base: int, n: int) -> StreamOutput:
+    """Drain one primed request into choices[base:base+n]; return its last output, carrying
+    the prompt logprobs that came with an earlier one."""
     [(first, gen)] = started
-    out = first
+    out, prompt_lps = first, None
     try:
         async for out in chain(first, gen):
+            prompt_lps = prompt_lps or out.prompt_logprobs
             for d in out.deltas:
                 absorb(choices[base + d.index], d)
     finally:
         await gen.aclose()  # type: ignore[attr-defined]
-    return out
+    return replace(out, prompt_logprobs=prompt_lps)
 
 
 async def merge(started: list[Started]

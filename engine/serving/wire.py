@@ -34,37 +34,39 @@ class EngineOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # sent once (RequestOutput says when)
 
     @classmethod
     def of(cls, out: RequestOutput) -> EngineOutput:
         return cls(out.request_id, len(out.prompt_token_ids), out.deltas, out.finished, out.num_cached_tokens,
-                   out.metrics)
+                   out.metrics, out.prompt_logprobs)
 
     def encode(self) -> list:
         return [self.request_id, self.num_prompt_tokens, self.finished, self.num_cached_tokens,
                 None if self.metrics is None else astuple(self.metrics),
                 [[d.index, d.text, d.token_ids, _encode_logprobs(d.logprobs), d.finish_reason, d.stop_reason]
-                 for d in self.deltas]]
+                 for d in self.deltas], _encode_logprobs(self.prompt_logprobs)]
 
     @classmethod
     def decode(cls, item: list) -> EngineOutput:
-        rid, n_prompt, finished, cached, metrics, deltas = item
+        rid, n_prompt, finished, cached, metrics, deltas, prompt_lps = item
         return cls(rid, n_prompt,
                    [CompletionDelta(i, text, ids, _decode_logprobs(lps), fin, stop)
                     for i, text, ids, lps, fin, stop in deltas],
-                   finished, cached, None if metrics is None else RequestMetrics(*metrics))
+                   finished, cached, None if metrics is None else RequestMetrics(*metrics),
+                   _decode_logprobs(prompt_lps))
 
 
-def _encode_logprobs(lps: list[TokenLogprobs] | None) -> list | None:
+def _encode_logprobs(lps: list[TokenLogprobs | None] | None) -> list | None:
     if lps is None:
         return None
-    return [[lp.token_id, lp.logprob, lp.rank, [list(t) for t in lp.top]] for lp in lps]
+    return [None if lp is None else [lp.token_id, lp.logprob, lp.rank, [list(t) for t in lp.top]] for lp in lps]
 
 
-def _decode_logprobs(lps: list | None) -> list[TokenLogprobs] | None:
+def _decode_logprobs(lps: list | None) -> list | None:
     if lps is None:
         return None
-    return [TokenLogprobs(tok, lp, rank, [(t, v) for t, v in top]) for tok, lp, rank, top in lps]
+    return [None if lp is None else TokenLogprobs(lp[0], lp[1], lp[2], [(t, v) for t, v in lp[3]]) for lp in lps]
 
 
 def encode_error(exc: Exception) -> list:

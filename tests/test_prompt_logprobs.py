@@ -1,0 +1,87 @@
+"""Prompt logprobs against transformers, and bad_words, on the engine directly."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import torch
+
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+from tests.conftest import make_prompts
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    # A 48-token budget splits each 100-token prompt into chunks, so prompt logprobs cross steps.
+    return LLM(None, dtype="float32", max_num_seqs=8, max_num_batched_tokens=48, max_model_len=256,
+               kv_cache_memory_bytes=32 << 20)
+
+
+def test_prompt_logprobs_match_transformers_across_chunks_and_a_warm_prefix_cache(llm, hf_default, tokenizer):
+    prompts = make_prompts(tokenizer, 3, 100)
+    params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3, n=2)
+    first = llm.generate(prompts, params, use_tqdm=False)
+    again = llm.generate(prompts[:1], params, use_tqdm=False)[0]  # its blocks are cached by now
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_default(torch.tensor(prompts)).logits.float(), dim=-1)
+    for out, ids, lp in zip(first, prompts, ref):
+        got = out.prompt_logprobs
+        assert len(got) == len(ids) and got[0] is None
+        for pos, entry in enumerate(got[1:], start=1):
+            assert entry.token_id == ids[pos]
+            assert entry.logprob == pytest.approx(lp[pos - 1, ids[pos]].item(), abs=1e-4)
+            assert entry.rank == int((lp[pos - 1] > lp[pos - 1, ids[pos]]).sum()) + 1
+            want_top = lp[pos - 1].topk(3)
+            assert [t for t, _ in entry.top] == want_top.indices.tolist()
+    assert again.num_cached_tokens == 0  # the cache would leave no logits for the prompt
+    assert [e.logprob for e in again.prompt_logprobs[1:]] == [e.logprob for e in first[0].prompt_logprobs[1:]]
+    assert llm.stats().blocks_used == 0
+
+
+def test_bad_words_are_never_generated(llm, tokenizer):
+    prompt = "The capital of France is"
+    free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0].outputs[0].text
+    assert "Paris" in free
+    banned = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, bad_words=["Paris", "Lyon"]),
+                          use_tqdm=False)[0].outputs[0].text
+    assert "Paris" not in banned and "Lyon" not in banned and banned != free
+
+
+# -- through the server (tests/served.py) ----------------------------------------------------
+def test_echo_with_logprobs_scores_the_prompt_then_the_output(client):
+    from tests.served import MODEL
+
+    kw = dict(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2)
+    plain = client.completions.create(**kw).choices[0]
+    echoed = client.completions.create(**kw, echo=True).choices[0]
+    n_prompt = len(echoed.logprobs.tokens) - len(plain.logprobs.tokens)
+    assert echoed.text == kw["prompt"] + plain.text and n_prompt > 0
+    assert echoed.logprobs.token_logprobs[0] is None and echoed.logprobs.top_logprobs[0] is None
+    assert all(isinstance(v, float) for v in echoed.logprobs.token_logprobs[1:])
+    assert "".join(echoed.logprobs.tokens[:n_prompt]) == kw["prompt"]
+    assert echoed.logprobs.token_logprobs[n_prompt:] == pytest.approx(plain.logprobs.token_logprobs, abs=1e-4)
+    assert echoed.logprobs.text_offset[n_prompt] == len(kw["prompt"])
+    streamed = list(client.completions.create(**kw, echo=True, stream=True))
+    tokens = [t for ch in streamed for t in ch.choices[0].logprobs.tokens]
+    assert tokens == echoed.logprobs.tokens and "".join(ch.choices[0].text for ch in streamed) == echoed.text
+
+
+def test_prompt_logprobs_and_bad_words_through_the_api(client, http):
+    from tests.served import CHAT, MODEL
+
+    r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2, extra_body={"prompt_logprobs": 1})
+    ids = http.post("/tokenize", json={"model": MODEL, "messages": CHAT}).json()["tokens"]
+    plps = r.model_extra["prompt_logprobs"]
+    assert len(plps) == len(ids) and plps[0] is None
+    assert all(str(t) in entry and 1 <= len(entry) <= 2 for t, entry in zip(ids[1:], plps[1:]))
+    assert all(e["rank"] >= 1 and e["logprob"] <= 0 for entry in plps[1:] for e in entry.values())
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=MODEL, messages=CHAT, stream=True, extra_body={"prompt_logprobs": 1})
+    assert exc.value.body["param"] == "prompt_logprobs"
+    kw = dict(model=MODEL, messages=CHAT, max_tokens=16, temperature=0)
+    assert "Paris" in client.chat.completions.create(**kw).choices[0].message.content
+    banned = client.chat.completions.create(**kw, extra_body={"bad_words": ["Paris"]}).choices[0].message.content
+    assert "Paris" not in banned
