@@ -23,7 +23,7 @@ from bentoml.exceptions import BentoMLException, NotFound
 from engine.config import EngineConfig
 from engine.models import DEFAULT_MODEL_NAME
 from engine.serving.app import APIKeyMiddleware, create_app
-from engine.serving.async_llm import AsyncLLM
+from engine.serving.async_llm import AsyncLLM, QueueLimits
 from engine.serving.errors import to_api_error
 from engine.serving.handlers import OpenAIServing
 from engine.serving.metrics import engine_metrics
@@ -55,7 +55,7 @@ MODEL_REF = _stored_model(PRESET.service.model_tag) if PRESET.engine.model is No
 _TRAFFIC = {k: v for k, v in PRESET.service.traffic.model_dump().items() if v is not None}
 
 
-@bentoml.asgi_app(create_app(_current_serving), path="/")
+@bentoml.asgi_app(create_app(_current_serving, PRESET.service.max_body_bytes), path="/")
 @bentoml.service(name="pagedserve", traffic=_TRAFFIC, workers=1)
 class LLMService:
     if MODEL_REF is not None:
@@ -70,7 +70,9 @@ class LLMService:
             root = str(stored.tag)
         # The engine core runs in its own process; this one keeps HTTP, tokenization and SSE.
         served = served or config.model or DEFAULT_MODEL_NAME
-        self.llm = AsyncLLM.start(config, engine_metrics(served))
+        queue = PRESET.service.queue
+        limits = QueueLimits(queue.max_waiting_requests, queue.max_waiting_tokens)
+        self.llm = AsyncLLM.start(config, engine_metrics(served), limits)
         aliases = [self.llm.hf_id] if self.llm.hf_id else []  # clients may also name it by its HF id
         self.serving = OpenAIServing(self.llm, served, root or self.llm.model_name, aliases)
         logger.info("serving %s (max_model_len %d) from %s", served, self.llm.max_model_len, root or "embedded")

@@ -65,6 +65,7 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         _check(self, "n", self.n >= 1, "must be at least 1")
+        _check(self, "seed", self.seed is None or -(2**63) <= self.seed < 2**64, "must fit in 64 bits")
         _check(self, "temperature", self.temperature >= 0, "must be non-negative")
         _check(self, "top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
         _check(self, "top_k", self.top_k >= 0, "must be -1, 0 (disabled) or positive")

@@ -102,7 +102,7 @@ def build_tiny_model(path: Path, tokenizer_dir: Path, seed: int = 0, **overrides
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
     model.save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
         src = tokenizer_dir / name
         if src.is_file():
             shutil.copy(src, path / name)

@@ -258,3 +258,33 @@ def test_a_killed_engine_process_fails_every_waiter_and_health(config):
     assert not llm.is_alive and "exited" in str(llm.error)
     assert llm.stats()["engine_alive"] is False
     llm.shutdown()
+
+
+def test_the_waiting_queue_is_bounded_and_gives_its_places_back(llm):
+    """Requests waiting for their first token are bounded in number and prompt tokens; past
+    a bound the caller is refused at once, and every place comes back however a request ends."""
+    from engine.serving.admission import Admission, QueueFullError, QueueLimits
+
+    saved = llm.admission
+    llm.admission = Admission(QueueLimits(max_waiting_requests=2, max_waiting_tokens=100))
+    params = SamplingParams(max_tokens=4, temperature=0)
+
+    async def burst(prompts):
+        gens = [llm.generate(p, params) for p in prompts]
+        # all admitted or refused before any output can arrive: the tasks start in order
+        firsts = await asyncio.gather(*(g.__anext__() for g in gens), return_exceptions=True)
+        for g, f in zip(gens, firsts):
+            if not isinstance(f, BaseException):
+                await collect(g)
+        return firsts
+
+    try:
+        by_count = run(burst([[5] * 40, [6] * 40, [7] * 10]))
+        by_tokens = run(burst([[8] * 60, [9] * 60]))
+        assert [isinstance(f, QueueFullError) for f in by_count] == [False, False, True]
+        assert [isinstance(f, QueueFullError) for f in by_tokens] == [False, True]
+        assert "2 requests are already waiting" in str(by_count[2]) and by_count[2].retry_after >= 1
+        assert (llm.admission.requests, llm.admission.tokens) == (0, 0)
+        assert len(tokens(run(collect(llm.generate([7] * 99, params))))) == 4  # an idle queue takes any prompt
+    finally:
+        llm.admission = saved

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,17 +43,28 @@ Handler = Callable[[OpenAIServing, bytes], Awaitable[Any]]
 
 
 def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+MAX_DEPTH = 64  # deeper than any real request (a JSON schema included), and far from RecursionError
+INT64 = range(-(2**63), 2**63)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def parse(body: bytes, model: type[BaseModel]) -> Any:
     """JSON and schema errors become OpenAI 400s naming the offending field."""
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(body, parse_constant=_no_constants)
+    except ValueError as exc:  # bad JSON, bad UTF-8, NaN or Infinity
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request(f"the request body is nested deeper than {MAX_DEPTH} levels") from None
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
+    _check_values(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -62,6 +74,36 @@ def parse(body: bytes, model: type[BaseModel]) -> Any:
             raise bad_request(f"Unrecognized request argument supplied: {loc}", loc) from None
         msg = err["msg"].removeprefix("Value error, ")
         raise bad_request(f"{loc}: {msg}" if loc else msg, loc or None) from None
+
+
+def _check_values(data: Any) -> None:
+    """Refuse what JSON can carry but nothing downstream should see: nesting past MAX_DEPTH,
+    numbers too large for any field (1e400 parses as infinity), and strings that are not
+    Unicode (a lone surrogate escape such as "\\ud800" cannot be encoded, tokenized or echoed)."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise bad_request(f"the request body is nested deeper than {MAX_DEPTH} levels", path.lstrip(".") or None)
+        if isinstance(node, dict):
+            for k, v in node.items():
+                _check_str(k, path)
+                stack.append((v, f"{path}.{k}", depth + 1))
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node))
+        elif isinstance(node, str):
+            _check_str(node, path)
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise bad_request("numbers must be finite", path.lstrip("."))
+        elif isinstance(node, int) and not isinstance(node, bool) and node not in INT64:
+            raise bad_request("integers must fit in 64 bits", path.lstrip("."))
+
+
+def _check_str(s: str, path: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request("strings must be valid Unicode (a lone surrogate is not)", path.lstrip(".") or None) from None
 
 
 def _json_path(data: Any, loc: tuple[Any, ...]) -> str:
@@ -120,14 +162,34 @@ async def _sse(events: AsyncIterator[str]) -> AsyncIterator[str]:
         yield "data: [DONE]\n\n"  # clients wait for it to close the stream
 
 
-def _openai_route(get_serving: GetServing, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 once it passes `limit` bytes, however it is sent."""
+    too_big = APIError(413, f"the request body is larger than {limit} bytes", "invalid_request_error", None,
+                       "request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _openai_route(get_serving: GetServing, handler: Handler, max_body: int
+                  ) -> Callable[[Request], Awaitable[Response]]:
     """Wrap a handler: body in, OpenAI error object or JSON or SSE out."""
 
     async def endpoint(request: Request) -> Response:
         serving = get_serving()
         if serving is None or not serving.llm.is_alive:
             return error_response(APIError(503, "the engine is not running", "server_error"))
-        body = await request.body()  # before the disconnect watcher starts reading
+        try:
+            body = await read_body(request, max_body)  # before the disconnect watcher starts reading
+        except APIError as exc:
+            return error_response(exc)
         try:
             result = await _unless_disconnected(request, handler(serving, body))
         except ClientGone:
@@ -158,8 +220,12 @@ async def _detokenize(s: OpenAIServing, body: bytes) -> Any:
     return s.detokenize(parse(body, DetokenizeRequest))
 
 
-def create_app(get_serving: GetServing) -> Starlette:
-    """The OpenAI routes plus /health and /stats, over whatever get_serving returns."""
+DEFAULT_MAX_BODY = 8 << 20
+
+
+def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY) -> Starlette:
+    """The OpenAI routes plus /health and /stats, over whatever get_serving returns.
+    Bodies past max_body_bytes are 413s."""
 
     def live() -> OpenAIServing:
         serving = get_serving()
@@ -197,12 +263,12 @@ def create_app(get_serving: GetServing) -> Starlette:
         return JSONResponse(await asyncio.to_thread(llm.stats))
 
     return Starlette(routes=[
-        Route("/v1/chat/completions", _openai_route(get_serving, _chat), methods=["POST"]),
-        Route("/v1/completions", _openai_route(get_serving, _completions), methods=["POST"]),
+        Route("/v1/chat/completions", _openai_route(get_serving, _chat, max_body_bytes), methods=["POST"]),
+        Route("/v1/completions", _openai_route(get_serving, _completions, max_body_bytes), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
-        Route("/tokenize", _openai_route(get_serving, _tokenize), methods=["POST"]),
-        Route("/detokenize", _openai_route(get_serving, _detokenize), methods=["POST"]),
+        Route("/tokenize", _openai_route(get_serving, _tokenize, max_body_bytes), methods=["POST"]),
+        Route("/detokenize", _openai_route(get_serving, _detokenize, max_body_bytes), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/stats", stats, methods=["GET"]),
     ])

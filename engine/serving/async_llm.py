@@ -36,6 +36,7 @@ from engine.models import loader
 from engine.outputs import CompletionDelta
 from engine.sampler import TokenLogprobs
 from engine.sampling_params import SamplingParams
+from engine.serving.admission import Admission, QueueFullError, QueueLimits
 from engine.serving.core import EngineDeadError, ProcessCore, ThreadCore
 from engine.serving.wire import EngineOutput
 from engine.stats import StepStats
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncLLM", "EngineDeadError", "StreamOutput"]
+__all__ = ["AsyncLLM", "EngineDeadError", "QueueFullError", "QueueLimits", "StreamOutput"]
 
 
 @dataclass
@@ -114,8 +115,9 @@ class AsyncLLM:
     on a thread here; `AsyncLLM.start(config)` builds the engine in its own process."""
 
     def __init__(self, engine: LLMEngine | None = None, metrics: EngineMetrics | None = None,
-                 *, config: EngineConfig | None = None) -> None:
+                 *, config: EngineConfig | None = None, limits: QueueLimits | None = None) -> None:
         self.metrics = metrics
+        self.admission = Admission(limits)
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()  # orders submissions against death
         self._dead: BaseException | None = None
@@ -132,9 +134,10 @@ class AsyncLLM:
             metrics.record_start(self._core.last_stats)
 
     @classmethod
-    def start(cls, config: EngineConfig, metrics: EngineMetrics | None = None) -> AsyncLLM:
+    def start(cls, config: EngineConfig, metrics: EngineMetrics | None = None,
+              limits: QueueLimits | None = None) -> AsyncLLM:
         """The engine core in a child process: its busy loop never waits on this one's GIL."""
-        return cls(None, metrics, config=config)
+        return cls(None, metrics, config=config, limits=limits)
 
     # -- facts the HTTP layer needs -------------------------------------------------
     @property
@@ -186,6 +189,7 @@ class AsyncLLM:
         """Queue a request and yield its deltas until it finishes.
 
         Raises the engine's ParamError before the first item when the request is invalid,
+        QueueFullError when the waiting queue is at its bound (engine/serving/admission.py),
         and EngineDeadError if the engine is or becomes dead. Leaving the loop early
         (break, cancellation, a disconnected client) aborts the request.
         """
@@ -197,8 +201,10 @@ class AsyncLLM:
                 raise EngineDeadError(f"the engine is dead: {self._dead!r}") from self._dead
             if request_id in self._streams:
                 raise ParamError("request_id", f"request_id {request_id!r} is already in use")
+            self.admission.admit(len(ids))
             self._streams[request_id] = stream  # before the add: a death from now on reaches it
         finished = False
+        waiting = True  # counted by admission until its first output
         try:
             try:
                 self._core.add(request_id, ids, params or SamplingParams(), cache_salt)
@@ -214,8 +220,13 @@ class AsyncLLM:
                     raise items[-1]
                 out = StreamOutput.fold(ids, items)  # type: ignore[arg-type]
                 finished = out.finished
+                if waiting:
+                    waiting = False
+                    self.admission.release(len(ids))
                 yield out
         finally:
+            if waiting:
+                self.admission.release(len(ids))
             # Not when the add itself failed: the id may belong to someone else's request.
             # Otherwise the core answers the abort with a finished output, which drops the stream.
             if not finished and not _failed(stream.added):

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.errors import ParamError
+from engine.serving.admission import QueueFullError
 from engine.serving.core import EngineDeadError
 from engine.serving.protocol import ErrorDetail, ErrorResponse
 
@@ -21,10 +22,11 @@ class APIError(Exception):
     """An error to send as OpenAI's {"error": {...}} with this HTTP status."""
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.detail = ErrorDetail(message=message, type=type, param=param, code=code)
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return ErrorResponse(error=self.detail).model_dump()
@@ -45,6 +47,9 @@ def to_api_error(exc: BaseException, params: Mapping[str, str] | None = None) ->
     if isinstance(exc, ParamError):
         param = (params or {}).get(exc.param, exc.param) if exc.param else None
         return bad_request(str(exc), param)
+    if isinstance(exc, QueueFullError):
+        return APIError(429, str(exc), "rate_limit_error", None, "queue_full",
+                        {"Retry-After": str(int(exc.retry_after))})
     if isinstance(exc, EngineDeadError):
         return APIError(503, str(exc), "server_error")
     logger.error("request failed", exc_info=exc)

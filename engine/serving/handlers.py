@@ -75,6 +75,8 @@ class OpenAIServing:
 
     def chat_prompt(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
                     tools: list[Tool] | None = None) -> list[int]:
+        if getattr(self._tok, "chat_template", None) is None:
+            raise bad_request("this model has no chat template; send a prompt to /v1/completions", "messages")
         conv, specs = tools_mod.render(messages, tools or [], self._native_tools)
         try:
             return apply_chat_template(self._tok, conv, add_generation_prompt, specs)

@@ -29,6 +29,16 @@ class TrafficConfig(BaseModel):
     max_concurrency: int | None = Field(None, ge=1, description="beyond this, requests get 429")
 
 
+class QueueConfig(BaseModel):
+    """Bounds on requests waiting for their first token (engine/serving/admission.py):
+    past either, a request gets 429 with Retry-After instead of an unbounded wait."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_waiting_requests: int | None = Field(256, ge=1, description="None: no bound")
+    max_waiting_tokens: int | None = Field(65536, ge=1, description="their prompt tokens; None: no bound")
+
+
 class ServiceConfig(BaseModel):
     """What the HTTP layer needs that the engine does not."""
 
@@ -38,7 +48,9 @@ class ServiceConfig(BaseModel):
         None, description="the `model` clients send; None = the stored model's name, else the engine's"
     )
     model_tag: str = Field(DEFAULT_MODEL_TAG, description="BentoML model store tag to serve when present")
+    max_body_bytes: int = Field(8 << 20, ge=1024, description="larger request bodies get 413")
     traffic: TrafficConfig = TrafficConfig()
+    queue: QueueConfig = QueueConfig()
 
 
 class ServingPreset(BaseModel):
