@@ -22,6 +22,7 @@ from bentoml.exceptions import BentoMLException, NotFound
 
 from engine.config import EngineConfig
 from engine.models import DEFAULT_MODEL_NAME
+from engine.serving import tracing
 from engine.serving.app import APIKeyMiddleware, create_app
 from engine.serving.async_llm import AsyncLLM, QueueLimits
 from engine.serving.errors import to_api_error
@@ -33,6 +34,7 @@ from engine.serving.protocol import ChatCompletionRequest, ChatMessage, Completi
 logger = logging.getLogger("pagedserve")
 
 PRESET = load_preset()
+tracing.setup_from_env()  # OTLP export only when OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set
 
 
 def _stored_model(tag: str) -> bentoml.models.BentoModel | None:
@@ -123,4 +125,4 @@ class LLMService:
             raise BentoMLException(err.detail.message, error_code=HTTPStatus(err.status)) from None
 
 
-LLMService.add_asgi_middleware(APIKeyMiddleware)
+LLMService.add_asgi_middleware(APIKeyMiddleware, protect_ops=PRESET.service.protect_ops_routes)

@@ -147,3 +147,37 @@ def test_a_full_queue_is_a_429_with_retry_after(app):
         assert tc.post("/v1/completions", json=VALID["/v1/completions"]).status_code == 200
     finally:
         llm.admission = saved
+
+
+def test_each_request_is_one_span_that_joins_the_callers_trace(app):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    tc, _ = app
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)  # the process's first and only provider
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    r = tc.post("/v1/chat/completions", json={**VALID["/v1/chat/completions"], "max_tokens": 4, "temperature": 0},
+                headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+    assert r.status_code == 200
+    r2 = tc.post("/v1/completions", json={"prompt": ["one", "two"], "max_tokens": 2, "stream": True})
+    assert r2.status_code == 200 and r2.text.endswith("data: [DONE]\n\n")
+    spans = exporter.get_finished_spans()
+    assert sorted(s.name for s in spans) == ["chat tiny", "text_completion tiny", "text_completion tiny"]
+    chat = next(s for s in spans if s.name == "chat tiny")
+    assert format(chat.context.trace_id, "032x") == trace_id and format(chat.parent.span_id, "016x") == parent
+    a = chat.attributes
+    usage = r.json()["usage"]
+    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == "tiny"
+    assert a["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
+    assert a["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
+    assert a["gen_ai.usage.cache_read.input_tokens"] == usage["prompt_tokens_details"]["cached_tokens"]
+    assert list(a["gen_ai.response.finish_reasons"]) == [r.json()["choices"][0]["finish_reason"]]
+    for key in ("time_in_queue", "time_in_model_prefill", "time_in_model_decode", "e2e"):
+        assert a[f"gen_ai.latency.{key}"] >= 0
+    others = [s for s in spans if s is not chat]
+    assert all(s.parent is None and s.context.trace_id != chat.context.trace_id for s in others)

@@ -81,8 +81,10 @@ def test_api_key_middleware_is_open_without_a_key(monkeypatch):
 
     from engine.serving.app import APIKeyMiddleware
 
-    inner = Starlette(routes=[Route("/v1/models", lambda r: PlainTextResponse("ok")),
-                              Route("/health", lambda r: PlainTextResponse("ok"))])
+    inner = Starlette(routes=[Route("/v1/models", lambda r: PlainTextResponse("ok"), methods=["GET", "OPTIONS"]),
+                              Route("/health", lambda r: PlainTextResponse("ok")),
+                              Route("/stats", lambda r: PlainTextResponse("ok")),
+                              Route("/metrics", lambda r: PlainTextResponse("ok"))])
     monkeypatch.delenv("LLM_API_KEY", raising=False)
     assert TestClient(APIKeyMiddleware(inner)).get("/v1/models").status_code == 200
     monkeypatch.setenv("LLM_API_KEY", "k")
@@ -90,6 +92,16 @@ def test_api_key_middleware_is_open_without_a_key(monkeypatch):
     assert locked.get("/v1/models").status_code == 401
     assert locked.get("/v1/models", headers={"Authorization": "Bearer k"}).status_code == 200
     assert locked.get("/health").status_code == 200
+    # several keys (rotation), CORS preflights, and the ops routes behind the key on request
+    monkeypatch.setenv("LLM_API_KEY", "old-key, new-key")
+    rotated = TestClient(APIKeyMiddleware(inner, protect_ops=True))
+    for key in ("old-key", "new-key"):
+        assert rotated.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    assert rotated.get("/v1/models", headers={"Authorization": "Bearer old-key, new-key"}).status_code == 401
+    assert rotated.options("/v1/models", headers={"Origin": "https://app.example",
+                                                  "Access-Control-Request-Method": "POST"}).status_code != 401
+    assert rotated.get("/stats").status_code == 401 and rotated.get("/metrics").status_code == 401
+    assert locked.get("/stats").status_code != 401  # open unless the preset protects it
 
 
 def test_unset_sampling_fields_take_the_models_generation_config(tiny_model_factory):

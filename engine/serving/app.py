@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from engine.serving import tracing
 from engine.serving.errors import APIError, bad_request, to_api_error
 from engine.serving.handlers import OpenAIServing
 from engine.serving.protocol import (
@@ -37,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "LLM_API_KEY"
 PROTECTED_PREFIXES = ("/v1/", "/generate", "/chat")  # everything that spends the model's time
+OPS_PREFIXES = ("/stats", "/metrics")  # behind the key too when the preset says so
 
 GetServing = Callable[[], "OpenAIServing | None"]
 Handler = Callable[[OpenAIServing, bytes], Awaitable[Any]]
@@ -191,7 +193,9 @@ def _openai_route(get_serving: GetServing, handler: Handler, max_body: int
         except APIError as exc:
             return error_response(exc)
         try:
-            result = await _unless_disconnected(request, handler(serving, body))
+            with tracing.continue_trace(request.headers):  # the request's span joins the caller's trace
+                work = asyncio.ensure_future(handler(serving, body))
+            result = await _unless_disconnected(request, work)
         except ClientGone:
             return Response(status_code=499)
         except Exception as exc:  # noqa: BLE001
@@ -275,18 +279,30 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY) 
 
 
 class APIKeyMiddleware:
-    """With $LLM_API_KEY set, model routes need `Authorization: Bearer <key>`; else 401."""
+    """With $LLM_API_KEY set (one key, or several separated by commas, so keys can be
+    rotated), model routes need `Authorization: Bearer <key>`; else 401. `protect_ops`
+    puts /stats and /metrics behind the key too. CORS preflights (OPTIONS) pass: browsers
+    send them without credentials, and refusing them would break every browser client."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, protect_ops: bool = False) -> None:
         self.app = app
-        self.key = os.environ.get(API_KEY_ENV) or None
+        raw = os.environ.get(API_KEY_ENV) or ""
+        self.keys = [k.strip().encode() for k in raw.split(",") if k.strip()]
+        self.prefixes = PROTECTED_PREFIXES + (OPS_PREFIXES if protect_ops else ())
+
+    def allowed(self, token: str) -> bool:
+        """Compared with every key in constant time, so timing tells nothing about any of them."""
+        given = token.strip().encode()
+        hits = [secrets.compare_digest(given, key) for key in self.keys]
+        return any(hits)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if self.key and scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES):
+        if (self.keys and scope["type"] == "http" and scope["method"] != "OPTIONS"
+                and scope["path"].startswith(self.prefixes)):
             headers = dict(scope.get("headers") or [])
             auth = headers.get(b"authorization", b"").decode("latin-1")
             scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), self.key):
+            if scheme.lower() != "bearer" or not self.allowed(token):
                 resp = error_response(APIError(401, "Incorrect API key provided; send `Authorization: Bearer "
                                                "<key>`.", "invalid_request_error", None, "invalid_api_key"))
                 resp.headers["WWW-Authenticate"] = "Bearer"

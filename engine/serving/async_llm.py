@@ -26,17 +26,18 @@ import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine, encode_prompt
 from engine.errors import ParamError
 from engine.models import loader
-from engine.outputs import CompletionDelta
+from engine.outputs import CompletionDelta, RequestMetrics
 from engine.sampler import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from engine.serving.admission import Admission, QueueFullError, QueueLimits
+from engine.serving import tracing
 from engine.serving.core import EngineDeadError, ProcessCore, ThreadCore
 from engine.serving.wire import EngineOutput
 from engine.stats import StepStats
@@ -59,6 +60,7 @@ class StreamOutput:
     finished: bool
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # once, on the first item that has them
+    metrics: RequestMetrics | None = field(default=None, repr=False)  # the engine's timings so far
 
     @classmethod
     def fold(cls, prompt_token_ids: list[int], outs: list[EngineOutput]) -> StreamOutput:
@@ -74,7 +76,7 @@ class StreamOutput:
         last = outs[-1]
         prompt_lps = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
         return cls(last.request_id, prompt_token_ids, list(merged.values()), last.finished, last.num_cached_tokens,
-                   prompt_lps)
+                   prompt_lps, last.metrics)
 
 
 class _Stream:
@@ -185,13 +187,17 @@ class AsyncLLM:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        operation: str = "text_completion",
+        served_model: str | None = None,
     ) -> AsyncIterator[StreamOutput]:
         """Queue a request and yield its deltas until it finishes.
 
         Raises the engine's ParamError before the first item when the request is invalid,
         QueueFullError when the waiting queue is at its bound (engine/serving/admission.py),
         and EngineDeadError if the engine is or becomes dead. Leaving the loop early
-        (break, cancellation, a disconnected client) aborts the request.
+        (break, cancellation, a disconnected client) aborts the request. Each request is
+        one trace span (engine/serving/tracing.py), named for `operation` and the model
+        name clients use (`served_model`, default the engine's).
         """
         request_id = request_id or uuid.uuid4().hex
         ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
@@ -205,9 +211,12 @@ class AsyncLLM:
             self._streams[request_id] = stream  # before the add: a death from now on reaches it
         finished = False
         waiting = True  # counted by admission until its first output
+        params = params or SamplingParams()
+        span = tracing.start_span(operation, served_model or self.model_name, request_id, params, len(ids))
+        out_tokens, reasons, out, error = 0, [], None, None
         try:
             try:
-                self._core.add(request_id, ids, params or SamplingParams(), cache_salt)
+                self._core.add(request_id, ids, params, cache_salt)
             except OSError:  # the engine process is gone; the core reports the death to the stream
                 pass
             await stream.added
@@ -223,8 +232,15 @@ class AsyncLLM:
                 if waiting:
                     waiting = False
                     self.admission.release(len(ids))
+                out_tokens += sum(len(d.token_ids) for d in out.deltas)
+                reasons += [d.finish_reason for d in out.deltas if d.finish_reason is not None]
                 yield out
+        except BaseException as exc:
+            error = exc if not isinstance(exc, (GeneratorExit, asyncio.CancelledError)) else None
+            raise
         finally:
+            tracing.end_span(span, out_tokens, out.num_cached_tokens if out else 0, reasons,
+                             out.metrics if out else None, error)
             if waiting:
                 self.admission.release(len(ids))
             # Not when the add itself failed: the id may belong to someone else's request.
