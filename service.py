@@ -11,7 +11,10 @@ batching in front of it would only add latency. One worker holds the one engine.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator
 from http import HTTPStatus
 from typing import Annotated, Any
@@ -78,12 +81,42 @@ class LLMService:
         aliases = [self.llm.hf_id] if self.llm.hf_id else []  # clients may also name it by its HF id
         self.serving = OpenAIServing(self.llm, served, root or self.llm.model_name, aliases)
         logger.info("serving %s (max_model_len %d) from %s", served, self.llm.max_model_len, root or "embedded")
+        self._drain_on_sigterm()
+
+    def _drain_on_sigterm(self) -> None:
+        """SIGTERM (a rollout, a scale-down) drains before uvicorn's own shutdown starts.
+
+        uvicorn would stop accepting at once, leaving new connections hanging in the
+        listen backlog; instead readiness turns false and new requests get 503 while the
+        running ones finish (up to service.drain_timeout, then they are aborted), and only
+        then is uvicorn's handler called, which closes the server and exits. The instance
+        is built inside uvicorn's serve on the main thread, so its handler is the one
+        replaced here.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("not on the main thread: SIGTERM will not drain")
+            return
+        loop = asyncio.get_running_loop()
+        uvicorn_exit = signal.getsignal(signal.SIGTERM)
+
+        async def drain() -> None:
+            aborted = await self.llm.drain(PRESET.service.drain_timeout)
+            logger.info("drained on SIGTERM (%d requests aborted at the deadline); shutting down", aborted)
+            if callable(uvicorn_exit):
+                uvicorn_exit(signal.SIGTERM, None)
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            if not self.llm.draining:
+                loop.call_soon_threadsafe(lambda: loop.create_task(drain()))
+                self.llm.draining = True  # at once: readiness and new requests see it now
+
+        signal.signal(signal.SIGTERM, on_sigterm)
 
     def __is_alive__(self) -> bool:
         return self.llm.is_alive
 
     def __is_ready__(self) -> bool:
-        return self.llm.is_alive
+        return self.llm.is_alive and not self.llm.draining
 
     @bentoml.on_shutdown
     def shutdown(self) -> None:

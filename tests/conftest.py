@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -131,10 +132,10 @@ def bento_home(tmp_path_factory) -> Path:
     return home
 
 
-@pytest.fixture(scope="session")
-def server(bento_home, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve")
-    (tmp / "preset.yaml").write_text(PRESET)
+@contextlib.contextmanager
+def serving(bento_home: Path, tmp: Path, preset: str = PRESET):
+    """`bentoml serve` with this preset, in its own process group, until the block ends."""
+    (tmp / "preset.yaml").write_text(preset)
     port = free_port()
     env = {**offline_env(bento_home), "PAGEDSERVE_CONFIG": str(tmp / "preset.yaml"), "LLM_API_KEY": KEY}
     log = open(tmp / "server.log", "w")
@@ -153,14 +154,21 @@ def server(bento_home, tmp_path_factory):
             except httpx.TransportError:
                 pass
             time.sleep(1)
-        yield SimpleNamespace(url=url, log=tmp / "server.log")
+        yield SimpleNamespace(url=url, log=tmp / "server.log", proc=proc)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group, nothing else
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group, nothing else
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def server(bento_home, tmp_path_factory):
+    with serving(bento_home, tmp_path_factory.mktemp("serve")) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="session")

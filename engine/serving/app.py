@@ -188,6 +188,9 @@ def _openai_route(get_serving: GetServing, handler: Handler, max_body: int
         serving = get_serving()
         if serving is None or not serving.llm.is_alive:
             return error_response(APIError(503, "the engine is not running", "server_error"))
+        if serving.llm.draining:
+            return error_response(APIError(503, "the server is shutting down and takes no new requests",
+                                           "server_error", None, "shutting_down"))
         try:
             body = await read_body(request, max_body)  # before the disconnect watcher starts reading
         except APIError as exc:

@@ -38,7 +38,7 @@ from engine.sampler import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from engine.serving.admission import Admission, QueueFullError, QueueLimits
 from engine.serving import tracing
-from engine.serving.core import EngineDeadError, ProcessCore, ThreadCore
+from engine.serving.core import DrainingError, EngineDeadError, ProcessCore, ThreadCore
 from engine.serving.wire import EngineOutput
 from engine.stats import StepStats
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncLLM", "EngineDeadError", "QueueFullError", "QueueLimits", "StreamOutput"]
+__all__ = ["AsyncLLM", "DrainingError", "EngineDeadError", "QueueFullError", "QueueLimits", "StreamOutput"]
 
 
 @dataclass
@@ -120,6 +120,7 @@ class AsyncLLM:
                  *, config: EngineConfig | None = None, limits: QueueLimits | None = None) -> None:
         self.metrics = metrics
         self.admission = Admission(limits)
+        self.draining = False  # set by drain(): new requests are refused, running ones finish
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()  # orders submissions against death
         self._dead: BaseException | None = None
@@ -205,6 +206,8 @@ class AsyncLLM:
         with self._lock:
             if self._dead is not None:
                 raise EngineDeadError(f"the engine is dead: {self._dead!r}") from self._dead
+            if self.draining:
+                raise DrainingError("the server is shutting down and takes no new requests; retry on another replica")
             if request_id in self._streams:
                 raise ParamError("request_id", f"request_id {request_id!r} is already in use")
             self.admission.admit(len(ids))
@@ -252,6 +255,27 @@ class AsyncLLM:
         """Stop a request and free its blocks at the next step boundary. Thread-safe, idempotent."""
         if self._dead is None:
             self._core.abort(request_id)
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    async def drain(self, timeout: float) -> int:
+        """Refuse new requests, let the running ones finish for up to `timeout` seconds, then
+        abort the rest (their streams end with finish_reason "abort"). Returns how many were
+        aborted. The engine keeps running: shutdown() stops it."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._streams and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        left = list(self._streams)
+        for request_id in left:
+            self.abort(request_id)
+        deadline = loop.time() + 10  # the aborts land at the next step
+        while self._streams and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        return len(left)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the engine; requests still in flight get EngineDeadError."""

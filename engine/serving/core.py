@@ -24,6 +24,7 @@ import concurrent.futures
 import logging
 import multiprocessing as mp
 import queue
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
@@ -45,6 +46,10 @@ OnDead = Callable[[BaseException], None]
 
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped; no request can be served by this AsyncLLM again."""
+
+
+class DrainingError(RuntimeError):
+    """The server is shutting down: it finishes what it has and takes nothing new."""
 
 
 class ThreadCore:
@@ -238,7 +243,11 @@ class ProcessCore:
 
 def run_core(config: EngineConfig, conn: Connection) -> None:
     """The child process: build the engine, then apply commands between steps and ship
-    each step's outputs. Blocks on the pipe when idle; exits when the parent goes away."""
+    each step's outputs. Blocks on the pipe when idle; exits when the parent goes away.
+
+    SIGTERM is ignored here: a rollout signals the whole process group, and the parent,
+    which drains its requests first, is the one that decides when the engine stops."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         engine = LLMEngine(config)
         conn.send_bytes(wire.pack(["ready", {"max_model_len": engine.max_model_len, "model_name": engine.model_name,

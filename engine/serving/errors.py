@@ -12,7 +12,7 @@ from typing import Any
 
 from engine.errors import ParamError
 from engine.serving.admission import QueueFullError
-from engine.serving.core import EngineDeadError
+from engine.serving.core import DrainingError, EngineDeadError
 from engine.serving.protocol import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ def to_api_error(exc: BaseException, params: Mapping[str, str] | None = None) ->
     if isinstance(exc, QueueFullError):
         return APIError(429, str(exc), "rate_limit_error", None, "queue_full",
                         {"Retry-After": str(int(exc.retry_after))})
+    if isinstance(exc, DrainingError):
+        return APIError(503, str(exc), "server_error", None, "shutting_down")
     if isinstance(exc, EngineDeadError):
         return APIError(503, str(exc), "server_error")
     logger.error("request failed", exc_info=exc)

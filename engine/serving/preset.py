@@ -50,6 +50,7 @@ class ServiceConfig(BaseModel):
     model_tag: str = Field(DEFAULT_MODEL_TAG, description="BentoML model store tag to serve when present")
     max_body_bytes: int = Field(8 << 20, ge=1024, description="larger request bodies get 413")
     protect_ops_routes: bool = Field(False, description="/stats and /metrics need the API key too")
+    drain_timeout: float = Field(60.0, ge=0, description="on SIGTERM, seconds running requests get to finish")
     traffic: TrafficConfig = TrafficConfig()
     queue: QueueConfig = QueueConfig()
 
