@@ -60,7 +60,8 @@ MODEL_REF = _stored_model(PRESET.service.model_tag) if PRESET.engine.model is No
 _TRAFFIC = {k: v for k, v in PRESET.service.traffic.model_dump().items() if v is not None}
 
 
-@bentoml.asgi_app(create_app(_current_serving, PRESET.service.max_body_bytes), path="/")
+@bentoml.asgi_app(create_app(_current_serving, PRESET.service.max_body_bytes, PRESET.service.request_timeout),
+                  path="/")
 @bentoml.service(name="pagedserve", traffic=_TRAFFIC, workers=1)
 class LLMService:
     if MODEL_REF is not None:

@@ -37,6 +37,9 @@ class EngineConfig(BaseModel):
     kv_cache_memory_bytes: int | None = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enable_prefix_caching: bool = True
+    # fcfs: by arrival. priority: by each request's `priority` (lower first, as vLLM), then
+    # arrival; the lowest priority running sequence is the one preempted.
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     seed: int = 0
     attention_backend: Literal["auto", "torch", "triton", "native"] = "auto"
 

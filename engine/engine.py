@@ -100,7 +100,8 @@ class LLMEngine:
             fused=resolved.attention_backend == "native",  # the same native build carries the fused ops
         )
         self.kv_manager = KVCacheManager(resolved.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.scheduling_policy)
         self.runner = ModelRunner(model, self.kv_manager, resolved.num_blocks, self.dtype, self.device,
                                   resolved.attention_backend)
         self.grammars = Grammars(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)
@@ -131,9 +132,13 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
-        """Validate and queue a request. Raises ParamError naming the field if it can never run."""
+        """Validate and queue a request. Raises ParamError naming the field if it can never run.
+        `priority` orders the queue when the config's scheduling_policy is "priority"."""
         params = params or SamplingParams()
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise ParamError("priority", "priority needs the engine's scheduling_policy to be \"priority\"")
         if request_id in self.requests:
             raise ParamError("request_id", f"request_id {request_id!r} is already in use")
         token_ids = self.tokenize(prompt)
@@ -166,6 +171,7 @@ class LLMEngine:
             raise ParamError("n", f"n ({params.n}) exceeds max_num_seqs ({self.config.max_num_seqs})")
         now = time.monotonic()
         seq = self._new_seq(request_id, token_ids, params, 0, cache_salt, now)
+        seq.priority = priority
         self.requests[request_id] = Request(
             request_id, prompt if isinstance(prompt, str) else None, params, [seq],
             [Detokenizer(self.tokenizer, token_ids, params)], now, pending_forks=params.n - 1,
@@ -272,6 +278,7 @@ class LLMEngine:
             child = self._new_seq(req.request_id, parent.prompt_token_ids, req.params, i, parent.cache_salt,
                                   req.arrival_time)
             child.num_computed_tokens = parent.num_computed_tokens
+            child.priority = parent.priority
             child.num_cached_tokens = parent.num_cached_tokens
             self.kv_manager.fork(parent, child)
             self.scheduler.add_running(child)

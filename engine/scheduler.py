@@ -33,8 +33,10 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 policy: str = "fcfs") -> None:
         self.kv_manager = kv_manager
+        self.by_priority = policy == "priority"
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -49,7 +51,16 @@ class Scheduler:
         return len(self.waiting)
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        if self.by_priority:
+            self._insert(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _insert(self, seq: Sequence) -> None:
+        """Into the waiting queue in (priority, arrival) order."""
+        key = _rank(seq)
+        at = next((i for i, other in enumerate(self.waiting) if _rank(other) > key), len(self.waiting))
+        self.waiting.insert(at, seq)
 
     def add_running(self, seq: Sequence) -> None:
         """Seat a sequence whose KV already exists (a fork of a running one)."""
@@ -64,7 +75,10 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         kv = self.kv_manager
 
-        # Running sequences first, oldest first; the newest give way when blocks run out.
+        # Running sequences first, oldest (or most urgent) first; the newest (or least urgent)
+        # give way when blocks run out.
+        if self.by_priority:
+            self.running.sort(key=_rank)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -118,7 +132,10 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
         seq.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if self.by_priority:
+            self._insert(seq)  # ahead of later arrivals of its priority
+        else:
+            self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence wherever it is and free its blocks."""
@@ -136,3 +153,7 @@ class Scheduler:
             allocated += self.kv_manager.num_slots(seq)
             stored += seq.num_computed_tokens
         return allocated, stored
+
+
+def _rank(seq: Sequence) -> tuple[int, float, int]:
+    return seq.priority, seq.arrival_time, seq.seq_id

@@ -44,6 +44,7 @@ class Sequence:
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     matcher: Any = None  # engine.structured.Matcher when the output is constrained
+    priority: int = 0  # with scheduling_policy "priority": lower runs first
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -181,3 +181,35 @@ def test_each_request_is_one_span_that_joins_the_callers_trace(app):
         assert a[f"gen_ai.latency.{key}"] >= 0
     others = [s for s in spans if s is not chat]
     assert all(s.parent is None and s.context.trace_id != chat.context.trace_id for s in others)
+
+
+def test_a_request_past_its_deadline_is_aborted_with_a_clear_error(app):
+    import time
+
+    tc, llm = app
+    step = llm.engine.step
+
+    def slow_step():
+        time.sleep(0.02)  # ~50 tokens then take about a second
+        return step()
+
+    llm.engine.step = slow_step
+    body = {"prompt": "hi", "max_tokens": 50, "ignore_eos": True}
+    try:
+        r = tc.post("/v1/completions", json=body, headers={"X-Request-Timeout": "0.3"})
+        assert r.status_code == 408 and r.json()["error"]["code"] == "deadline_exceeded", r.text
+        r = tc.post("/v1/completions", json={**body, "stream": True}, headers={"X-Request-Timeout": "0.3"})
+        events = [e.removeprefix("data: ") for e in r.text.strip().split("\n\n")]
+        assert r.status_code == 200 and events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["code"] == "deadline_exceeded"
+        assert 1 <= len(events) - 2 < 50  # some tokens came, then the deadline
+        bad = tc.post("/v1/completions", json=body, headers={"X-Request-Timeout": "soon"})
+        assert bad.status_code == 400
+        assert tc.post("/v1/completions", json={**body, "max_tokens": 2},
+                       headers={"X-Request-Timeout": "30"}).status_code == 200
+    finally:
+        llm.engine.step = step
+    deadline = time.monotonic() + 10
+    while tc.get("/stats").json()["blocks_used"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tc.get("/stats").json()["blocks_used"] == 0

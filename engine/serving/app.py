@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 API_KEY_ENV = "LLM_API_KEY"
 PROTECTED_PREFIXES = ("/v1/", "/generate", "/chat")  # everything that spends the model's time
 OPS_PREFIXES = ("/stats", "/metrics")  # behind the key too when the preset says so
+DEADLINE_HEADER = "X-Request-Timeout"  # seconds; a client's own deadline for one request
 
 GetServing = Callable[[], "OpenAIServing | None"]
 Handler = Callable[[OpenAIServing, bytes], Awaitable[Any]]
@@ -137,12 +138,13 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
-    """Run work, cancelling it (and so aborting its requests) if the client hangs up first."""
+async def _unless_disconnected(request: Request, work: Awaitable[Any], timeout: float | None = None) -> Any:
+    """Run work, cancelling it (and so aborting its requests) if the client hangs up first
+    or the deadline passes."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_wait_disconnect(request))
     try:
-        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
         if not task.done():
@@ -151,13 +153,48 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
                 await task
     if task in done:
         return task.result()
-    raise ClientGone
+    if gone in done:
+        raise ClientGone
+    raise deadline_exceeded(timeout)
 
 
-async def _sse(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Errors after the headers went out travel as an error event, as OpenAI and vLLM do."""
+def deadline_exceeded(timeout: float | None) -> APIError:
+    within = f" ({timeout:.3g} s)" if timeout is not None else ""
+    return APIError(408, f"the request did not finish within its deadline{within}; it was aborted",
+                    "timeout_error", None, "deadline_exceeded")
+
+
+def _deadline(request: Request, default: float | None) -> float | None:
+    """Seconds this request may take: the preset's request_timeout, or the client's
+    X-Request-Timeout header when that is shorter."""
+    raw = request.headers.get(DEADLINE_HEADER)
+    if raw is None:
+        return default
     try:
-        async for event in events:
+        asked = float(raw)
+    except ValueError:
+        asked = math.nan
+    if not (math.isfinite(asked) and asked > 0):
+        raise bad_request(f"the {DEADLINE_HEADER} header must be a positive number of seconds")
+    return asked if default is None else min(asked, default)
+
+
+async def _sse(events: AsyncIterator[str], deadline: float | None = None) -> AsyncIterator[str]:
+    """Errors after the headers went out travel as an error event, as OpenAI and vLLM do;
+    so does a deadline that passes mid-stream (`deadline` is loop time)."""
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            left = None if deadline is None else deadline - loop.time()
+            try:
+                event = await asyncio.wait_for(events.__anext__(), left) if left is None or left > 0 else None
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                event = None
+            if event is None:
+                await events.aclose()  # type: ignore[attr-defined] # its cleanup aborts the request
+                raise deadline_exceeded(None)
             yield event
     except Exception as exc:  # noqa: BLE001
         yield f"data: {json.dumps(to_api_error(exc).body())}\n\n"
@@ -180,7 +217,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _openai_route(get_serving: GetServing, handler: Handler, max_body: int
+def _openai_route(get_serving: GetServing, handler: Handler, max_body: int, request_timeout: float | None
                   ) -> Callable[[Request], Awaitable[Response]]:
     """Wrap a handler: body in, OpenAI error object or JSON or SSE out."""
 
@@ -191,21 +228,26 @@ def _openai_route(get_serving: GetServing, handler: Handler, max_body: int
         if serving.llm.draining:
             return error_response(APIError(503, "the server is shutting down and takes no new requests",
                                            "server_error", None, "shutting_down"))
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         try:
+            timeout = _deadline(request, request_timeout)
             body = await read_body(request, max_body)  # before the disconnect watcher starts reading
         except APIError as exc:
             return error_response(exc)
         try:
             with tracing.continue_trace(request.headers):  # the request's span joins the caller's trace
                 work = asyncio.ensure_future(handler(serving, body))
-            result = await _unless_disconnected(request, work)
+            left = None if timeout is None else timeout - (loop.time() - start)
+            result = await _unless_disconnected(request, work, left)
         except ClientGone:
             return Response(status_code=499)
         except Exception as exc:  # noqa: BLE001
             return error_response(to_api_error(exc))
         if isinstance(result, BaseModel):
             return Response(result.model_dump_json(), media_type="application/json")
-        return StreamingResponse(_sse(result), media_type="text/event-stream",
+        return StreamingResponse(_sse(result, None if timeout is None else start + timeout),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     return endpoint
@@ -230,9 +272,14 @@ async def _detokenize(s: OpenAIServing, body: bytes) -> Any:
 DEFAULT_MAX_BODY = 8 << 20
 
 
-def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY) -> Starlette:
+def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
+               request_timeout: float | None = None) -> Starlette:
     """The OpenAI routes plus /health and /stats, over whatever get_serving returns.
-    Bodies past max_body_bytes are 413s."""
+    Bodies past max_body_bytes are 413s; a request still running after request_timeout
+    seconds (or its X-Request-Timeout header, if shorter) is aborted with a 408."""
+
+    def route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        return _openai_route(get_serving, handler, max_body_bytes, request_timeout)
 
     def live() -> OpenAIServing:
         serving = get_serving()
@@ -270,12 +317,12 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY) 
         return JSONResponse(await asyncio.to_thread(llm.stats))
 
     return Starlette(routes=[
-        Route("/v1/chat/completions", _openai_route(get_serving, _chat, max_body_bytes), methods=["POST"]),
-        Route("/v1/completions", _openai_route(get_serving, _completions, max_body_bytes), methods=["POST"]),
+        Route("/v1/chat/completions", route(_chat), methods=["POST"]),
+        Route("/v1/completions", route(_completions), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
-        Route("/tokenize", _openai_route(get_serving, _tokenize, max_body_bytes), methods=["POST"]),
-        Route("/detokenize", _openai_route(get_serving, _detokenize, max_body_bytes), methods=["POST"]),
+        Route("/tokenize", route(_tokenize), methods=["POST"]),
+        Route("/detokenize", route(_detokenize), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/stats", stats, methods=["GET"]),
     ])

@@ -190,6 +190,7 @@ class AsyncLLM:
         cache_salt: str | None = None,
         operation: str = "text_completion",
         served_model: str | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[StreamOutput]:
         """Queue a request and yield its deltas until it finishes.
 
@@ -219,7 +220,7 @@ class AsyncLLM:
         out_tokens, reasons, out, error = 0, [], None, None
         try:
             try:
-                self._core.add(request_id, ids, params, cache_salt)
+                self._core.add(request_id, ids, params, cache_salt, priority)
             except OSError:  # the engine process is gone; the core reports the death to the stream
                 pass
             await stream.added

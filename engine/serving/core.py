@@ -73,8 +73,9 @@ class ThreadCore:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    def add(self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: str | None) -> None:
-        self._cmds.put(("add", request_id, prompt, params, cache_salt))
+    def add(self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: str | None,
+            priority: int = 0) -> None:
+        self._cmds.put(("add", request_id, prompt, params, cache_salt, priority))
 
     def abort(self, request_id: str) -> None:
         self._cmds.put(("abort", request_id))
@@ -121,9 +122,9 @@ class ThreadCore:
                 if out is not None:
                     self._on_step([wire.EngineOutput.of(out)], self.engine.gauges())
             else:
-                _, request_id, prompt, params, cache_salt = cmd
+                _, request_id, prompt, params, cache_salt, priority = cmd
                 try:
-                    self.engine.add_request(request_id, prompt, params, cache_salt)
+                    self.engine.add_request(request_id, prompt, params, cache_salt, priority)
                 except Exception as exc:  # noqa: BLE001 - a bad request fails alone
                     self._on_added(request_id, exc)
                 else:
@@ -180,8 +181,9 @@ class ProcessCore:
         with self._send_lock:
             self._conn.send_bytes(data)
 
-    def add(self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: str | None) -> None:
-        self._send(["add", request_id, prompt, asdict(params), cache_salt])
+    def add(self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: str | None,
+            priority: int = 0) -> None:
+        self._send(["add", request_id, prompt, asdict(params), cache_salt, priority])
 
     def abort(self, request_id: str) -> None:
         try:
@@ -283,9 +285,9 @@ def _handle(engine: LLMEngine, conn: Connection, msg: list) -> bool:
     if kind == "stop":
         return False
     if kind == "add":
-        _, request_id, prompt, params, cache_salt = msg
+        _, request_id, prompt, params, cache_salt, priority = msg
         try:
-            engine.add_request(request_id, prompt, SamplingParams(**params), cache_salt)
+            engine.add_request(request_id, prompt, SamplingParams(**params), cache_salt, priority)
         except Exception as exc:  # noqa: BLE001 - a bad request fails alone
             conn.send_bytes(wire.pack(["added", request_id, wire.encode_error(exc)]))
         else:

@@ -119,11 +119,11 @@ class OpenAIServing:
             raise to_api_error(exc, names) from None
 
     async def _start(self, prompts: list[str | list[int]], params: SamplingParams, base_id: str,
-                     cache_salt: str | None, names: dict[str, str], operation: str = "text_completion"
+                     req: SamplingFields, names: dict[str, str], operation: str = "text_completion"
                      ) -> list[Started]:
         """Submit every prompt and await each one's first delta; all or nothing."""
-        gens = [self.llm.generate(p, params, f"{base_id}-{i}", cache_salt, operation, self.model_name)
-                for i, p in enumerate(prompts)]
+        gens = [self.llm.generate(p, params, f"{base_id}-{i}", req.cache_salt, operation, self.model_name,
+                                  req.priority) for i, p in enumerate(prompts)]
         firsts = await asyncio.gather(*(g.__anext__() for g in gens), return_exceptions=True)
         err = next((f for f in firsts if isinstance(f, BaseException)), None)
         if err is not None:
@@ -146,7 +146,7 @@ class OpenAIServing:
         forced = tools_mod.constraint(tools, req.tool_choice, req.parallel_tool_calls)
         params = self.sampling_params(req, max_tokens, logprobs, names, forced)
         rid = random_id("chatcmpl")
-        [(first, gen)] = await self._start([prompt], params, rid, req.cache_salt, names, "chat")
+        [(first, gen)] = await self._start([prompt], params, rid, req, names, "chat")
         if req.stream:
             return self._chat_stream(rid, first, gen, req.n, req.include_usage, req.continuous_usage, tools)
         choices = [Choice() for _ in range(req.n)]
@@ -230,7 +230,7 @@ class OpenAIServing:
         plps = max(req.prompt_logprobs or 0, echo_lps) if echo_lps is not None else None
         params = self.sampling_params(req, req.max_tokens, req.logprobs, names, prompt_logprobs=plps)
         rid = random_id("cmpl")
-        started = await self._start(prompts, params, rid, req.cache_salt, names)
+        started = await self._start(prompts, params, rid, req, names)
         n, total = req.n, req.n * len(prompts)
         echoes = [self._echo(p) if req.echo else "" for p in prompts]
         if req.stream:

@@ -51,6 +51,8 @@ class ServiceConfig(BaseModel):
     max_body_bytes: int = Field(8 << 20, ge=1024, description="larger request bodies get 413")
     protect_ops_routes: bool = Field(False, description="/stats and /metrics need the API key too")
     drain_timeout: float = Field(60.0, ge=0, description="on SIGTERM, seconds running requests get to finish")
+    request_timeout: float | None = Field(None, gt=0, description="seconds before a request is aborted (408); "
+                                          "a client's X-Request-Timeout header may shorten it")
     traffic: TrafficConfig = TrafficConfig()
     queue: QueueConfig = QueueConfig()
 

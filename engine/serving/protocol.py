@@ -161,6 +161,7 @@ class SamplingFields(_Request):
     prompt_logprobs: int | None = None  # not with stream: the answer carries them once, whole
     skip_special_tokens: bool = True
     cache_salt: str | None = Field(None, description="isolates this tenant's prefix-cache entries")
+    priority: int = 0  # lower is served first, with the engine's scheduling_policy "priority"
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older spellings
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
