@@ -30,6 +30,7 @@ from starlette.routing import Route
 from engine.serving import tracing
 from engine.serving.errors import APIError, bad_request, to_api_error
 from engine.serving.handlers import OpenAIServing
+from engine.serving.openapi import openapi_document
 from engine.serving.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
 )
@@ -304,6 +305,11 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
                                            "model", "model_not_found"))
         return Response(cards[0].model_dump_json(), media_type="application/json")
 
+    document = openapi_document()
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
     async def health(request: Request) -> Response:
         serving = get_serving()
         alive = serving is not None and serving.llm.is_alive
@@ -324,6 +330,7 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
         Route("/tokenize", route(_tokenize), methods=["POST"]),
         Route("/detokenize", route(_detokenize), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
         Route("/stats", stats, methods=["GET"]),
     ])
 

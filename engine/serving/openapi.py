@@ -1,0 +1,73 @@
+"""The OpenAPI 3.1 document of the OpenAI routes, built from the protocol models.
+
+Request bodies use the models' validation schemas (strict, no unknown fields), responses
+their serialization schemas, and every documented error status OpenAI's error object, so
+a client generator, a gateway or a fuzzer (tests/test_openapi.py runs schemathesis)
+sees exactly what the server accepts and answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from engine.serving.protocol import (
+    ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
+    DetokenizeResponse, ErrorResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
+)
+
+ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
+          "408": "past the request's deadline", "413": "body too large", "429": "waiting queue full",
+          "503": "engine down or shutting down"}
+POSTS: list[tuple[str, str, type[BaseModel], type[BaseModel], bool]] = [
+    ("/v1/chat/completions", "Create a chat completion", ChatCompletionRequest, ChatCompletionResponse, True),
+    ("/v1/completions", "Create a completion", CompletionRequest, CompletionResponse, True),
+    ("/tokenize", "Token ids of a prompt or of chat messages", TokenizeRequest, TokenizeResponse, False),
+    ("/detokenize", "Text of token ids", DetokenizeRequest, DetokenizeResponse, False),
+]
+
+
+def openapi_document(version: str = "1") -> dict[str, Any]:
+    models: list[tuple[type[BaseModel], Any]] = []
+    for _, _, req, resp, _ in POSTS:
+        models += [(req, "validation"), (resp, "serialization")]
+    models += [(ErrorResponse, "serialization"), (ModelList, "serialization"), (ModelCard, "serialization")]
+    refs, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
+
+    def ref(model: type[BaseModel], mode: str = "serialization") -> dict[str, Any]:
+        return refs[(model, mode)]
+
+    def answers(ok: dict[str, Any], codes: tuple[str, ...]) -> dict[str, Any]:
+        out = {"200": {"description": "OK", "content": ok}}
+        out.update({c: {"description": ERRORS[c], "content": {"application/json": {"schema": ref(ErrorResponse)}}}
+                    for c in codes})
+        return out
+
+    paths: dict[str, Any] = {}
+    for path, summary, req, resp, streams in POSTS:
+        ok = {"application/json": {"schema": ref(resp)}}
+        if streams:  # with "stream": true, Server-Sent Events of chunk objects ending in data: [DONE]
+            ok["text/event-stream"] = {"schema": {"type": "string"}}
+        codes = ("400", "401", "404", "408", "413", "429", "503") if streams else ("400", "404", "408", "413", "503")
+        paths[path] = {"post": {
+            "summary": summary, "operationId": path.strip("/").replace("/", "_"),
+            "requestBody": {"required": True, "content": {"application/json": {"schema": ref(req, "validation")}}},
+            "responses": answers(ok, codes),
+            **({"security": [{"bearer": []}]} if path.startswith("/v1/") else {}),
+        }}
+    paths["/v1/models"] = {"get": {"summary": "The served model and its aliases", "operationId": "list_models",
+                                   "security": [{"bearer": []}],
+                                   "responses": answers({"application/json": {"schema": ref(ModelList)}}, ("401",))}}
+    paths["/v1/models/{model}"] = {"get": {
+        "summary": "One model", "operationId": "retrieve_model", "security": [{"bearer": []}],
+        "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": answers({"application/json": {"schema": ref(ModelCard)}}, ("401", "404"))}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "pagedserve OpenAI-compatible API", "version": version},
+        "paths": paths,
+        "components": {"schemas": defs.get("$defs", {}),
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }
