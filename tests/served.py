@@ -29,7 +29,8 @@ engine:
 service:
   served_model_name: SmolLM2-135M-Instruct
   model_tag: smollm2-135m-instruct
-  traffic: {timeout: 300, concurrency: 32}
+  queue: {max_waiting_requests: 48, max_waiting_tokens: 8192}  # the soak's opening burst passes it
+  traffic: {timeout: 300, concurrency: 96}
 """
 
 

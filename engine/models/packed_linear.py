@@ -12,9 +12,24 @@ import torch
 from torch import nn
 
 
+ROWS = 16  # past this many rows, GEMMs run on a multiple of it
+
+
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """One prepacked GEMM (module-level so profilers can wrap it)."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    """One prepacked GEMM (module-level so profilers can wrap it).
+
+    oneDNN keeps JIT kernels and state for every row count it has seen, megabytes each,
+    and a serving engine sees every count from 1 to the token budget: the engine
+    process grew by gigabytes under a soak. Rounding the rows up to a multiple of ROWS
+    bounds the shapes to budget/ROWS + ROWS; the padding rows cost nothing measurable
+    (small products stream the weight anyway, large ones grow by under 1/ROWS of M).
+    """
+    m = x.shape[0]
+    pad = -m % ROWS if m > ROWS else 0
+    if pad:
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+    out = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return out[:m] if pad else out
 
 
 class PackedLinear(nn.Module):

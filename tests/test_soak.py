@@ -1,0 +1,26 @@
+"""The CI soak: scripts/soak.py's 2,000 mixed requests at concurrency 64 against the
+session's server (tests/served.py, whose queue bound the opening burst passes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.served import KEY, ROOT
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def test_soak_keeps_every_promise(server, tmp_path):
+    out = tmp_path / "soak.json"
+    run = subprocess.run([sys.executable, "scripts/soak.py", "--url", server.url, "--key", KEY,
+                          "--pid", str(server.proc.pid), "--requests", "2000", "--concurrency", "64",
+                          "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=850)
+    assert out.is_file(), run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["passed"], json.dumps(result)
+    assert result["completed"] + result["rejected_429"] + result["cut"] + result["invalid_4xx"] == 2000
+    assert result["completed"] > 1000 and result["invalid_4xx"] > 50 and result["cut"] > 100, json.dumps(result)
