@@ -29,7 +29,7 @@ engine:
 service:
   served_model_name: SmolLM2-135M-Instruct
   model_tag: smollm2-135m-instruct
-  queue: {max_waiting_requests: 48, max_waiting_tokens: 8192}  # the soak's opening burst passes it
+  queue: {max_waiting_requests: 56, max_waiting_tokens: 16384}  # the soak's opening burst of 64 passes it
   traffic: {timeout: 300, concurrency: 96}
 """
 

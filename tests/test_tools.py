@@ -84,7 +84,8 @@ def test_a_template_without_tools_gets_the_default_prompt_and_hermes_history():
     conv, specs = render(msgs, TOOLS, native=False)
     assert specs is None
     assert conv[0]["role"] == "system" and conv[0]["content"].endswith("\n\nBe brief.")
-    assert conv[0]["content"].startswith(DEFAULT_PROMPT.split("{tools}")[0]) and '"name": "get_weather"' in conv[0]["content"]
+    assert conv[0]["content"].startswith(DEFAULT_PROMPT.split("{tools}")[0])
+    assert '"name": "get_weather"' in conv[0]["content"]
     assert conv[2] == {"role": "assistant", "content": call_text("get_time", {"city": "Oslo"})}
     assert conv[3] == {"role": "user", "content": "<tool_response>\n09:00\n</tool_response>"}
     native, specs = render(msgs, TOOLS, native=True)

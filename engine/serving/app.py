@@ -322,7 +322,14 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
             return error_response(exc)
         return JSONResponse(await asyncio.to_thread(llm.stats))
 
-    return Starlette(routes=[
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """Unknown paths and methods answer in OpenAI's error shape too, not plain text."""
+        status = getattr(exc, "status_code", 500)
+        code = "not_found" if status == 404 else "method_not_allowed" if status == 405 else None
+        return error_response(APIError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}",
+                                       "invalid_request_error", None, code))
+
+    return Starlette(exception_handlers={404: http_error, 405: http_error}, routes=[
         Route("/v1/chat/completions", route(_chat), methods=["POST"]),
         Route("/v1/completions", route(_completions), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),

@@ -48,8 +48,9 @@ def openapi_document(version: str = "1") -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for path, summary, req, resp, streams in POSTS:
         ok = {"application/json": {"schema": ref(resp)}}
-        if streams:  # with "stream": true, Server-Sent Events of chunk objects ending in data: [DONE]
-            ok["text/event-stream"] = {"schema": {"type": "string"}}
+        if streams:  # with "stream": true, Server-Sent Events: each data is a chunk object's JSON, or [DONE]
+            ok["text/event-stream"] = {"schema": {"type": "object", "required": ["data"], "properties": {
+                "data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}}}}
         codes = ("400", "401", "404", "408", "413", "429", "503") if streams else ("400", "404", "408", "413", "503")
         paths[path] = {"post": {
             "summary": summary, "operationId": path.strip("/").replace("/", "_"),
