@@ -70,13 +70,16 @@ def tree_rss(pid: int) -> int:
     return total
 
 
+args_max_tokens, args_max_prompt = 16, 256  # set from the command line
+
+
 def make_request(rng: random.Random, model: str) -> tuple[str, str, dict | bytes, int]:
     """(kind, path, body, max_tokens) for one request."""
     roll = rng.random()
     if roll < 0.05:
         path = rng.choice(["/v1/completions", "/v1/chat/completions"])
         return "invalid", path, rng.choice(INVALID), 0
-    max_tokens = rng.randint(1, 16)
+    max_tokens = rng.randint(1, args_max_tokens)
     common = {"model": model, "max_tokens": max_tokens, "ignore_eos": True, "n": rng.choice([1, 1, 1, 2]),
               "temperature": rng.choice([0.0, 0.7, 1.0]), "seed": rng.randint(0, 1000)}
     cut = roll < 0.15
@@ -84,10 +87,10 @@ def make_request(rng: random.Random, model: str) -> tuple[str, str, dict | bytes
     if stream:
         common |= {"stream": True, "stream_options": {"include_usage": True}}
     if rng.random() < 0.5:
-        prompt = [rng.randint(100, 40000) for _ in range(rng.randint(8, 256))]
+        prompt = [rng.randint(100, 40000) for _ in range(rng.randint(8, args_max_prompt))]
         body, path = {**common, "prompt": prompt}, "/v1/completions"
     else:
-        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 120)))
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, args_max_prompt // 2)))
         body, path = {**common, "messages": [{"role": "user", "content": text}]}, "/v1/chat/completions"
     return ("cut" if cut else "valid"), path, body, max_tokens
 
@@ -203,8 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=16, help="outputs are 1..this many tokens")
+    p.add_argument("--max-prompt", type=int, default=256, help="prompts are 8..this many tokens")
     p.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = p.parse_args(argv)
+    global args_max_tokens, args_max_prompt
+    args_max_tokens, args_max_prompt = args.max_tokens, args.max_prompt
     result = asyncio.run(soak(args))
     text = json.dumps(result, indent=2)
     print(text)
