@@ -70,16 +70,13 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-args_max_tokens, args_max_prompt = 16, 256  # set from the command line
-
-
-def make_request(rng: random.Random, model: str) -> tuple[str, str, dict | bytes, int]:
+def make_request(rng: random.Random, model: str, max_out: int, max_prompt: int) -> tuple[str, str, dict | bytes, int]:
     """(kind, path, body, max_tokens) for one request."""
     roll = rng.random()
     if roll < 0.05:
         path = rng.choice(["/v1/completions", "/v1/chat/completions"])
         return "invalid", path, rng.choice(INVALID), 0
-    max_tokens = rng.randint(1, args_max_tokens)
+    max_tokens = rng.randint(1, max_out)
     common = {"model": model, "max_tokens": max_tokens, "ignore_eos": True, "n": rng.choice([1, 1, 1, 2]),
               "temperature": rng.choice([0.0, 0.7, 1.0]), "seed": rng.randint(0, 1000)}
     cut = roll < 0.15
@@ -87,16 +84,17 @@ def make_request(rng: random.Random, model: str) -> tuple[str, str, dict | bytes
     if stream:
         common |= {"stream": True, "stream_options": {"include_usage": True}}
     if rng.random() < 0.5:
-        prompt = [rng.randint(100, 40000) for _ in range(rng.randint(8, args_max_prompt))]
+        prompt = [rng.randint(100, 40000) for _ in range(rng.randint(8, max_prompt))]
         body, path = {**common, "prompt": prompt}, "/v1/completions"
     else:
-        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, args_max_prompt // 2)))
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, max_prompt // 2)))
         body, path = {**common, "messages": [{"role": "user", "content": text}]}, "/v1/chat/completions"
     return ("cut" if cut else "valid"), path, body, max_tokens
 
 
-async def run_one(client: httpx.AsyncClient, rng: random.Random, model: str, tally: Tally) -> None:
-    kind, path, body, max_tokens = make_request(rng, model)
+async def run_one(client: httpx.AsyncClient, rng: random.Random, model: str, tally: Tally,
+                  args: argparse.Namespace) -> None:
+    kind, path, body, max_tokens = make_request(rng, model, args.max_tokens, args.max_prompt)
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
     try:
@@ -173,7 +171,7 @@ async def soak(args: argparse.Namespace) -> dict:
                 issued += 1
                 if issued == args.requests // 2 and args.pid:
                     rss["mid"] = tree_rss(args.pid)
-                await run_one(client, rng, model, tally)
+                await run_one(client, rng, model, tally, args)
 
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
         elapsed = time.monotonic() - started
@@ -210,8 +208,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-prompt", type=int, default=256, help="prompts are 8..this many tokens")
     p.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = p.parse_args(argv)
-    global args_max_tokens, args_max_prompt
-    args_max_tokens, args_max_prompt = args.max_tokens, args.max_prompt
     result = asyncio.run(soak(args))
     text = json.dumps(result, indent=2)
     print(text)
