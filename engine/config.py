@@ -42,6 +42,10 @@ class EngineConfig(BaseModel):
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     seed: int = 0
     attention_backend: Literal["auto", "torch", "triton", "native"] = "auto"
+    # Megatron-style tensor parallelism and layer-wise pipeline parallelism over
+    # torch.distributed (gloo on the CPU, NCCL on CUDA); tp x pp processes in all.
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    pipeline_parallel_size: int = Field(1, ge=1, le=64)
 
     @model_validator(mode="after")
     def _check(self) -> "EngineConfig":
@@ -122,7 +126,9 @@ class ResolvedConfig:
             raise ParamError("max_model_len", f"max_model_len ({config.max_model_len}) exceeds the model's "
                              f"max_position_embeddings ({positions})")
         window = getattr(hf_config, "sliding_window", None)
-        block_bytes = kv_block_bytes(hf_config, config.block_size, dtype)
+        # Under parallelism every rank holds the same number of blocks, of its heads and layers.
+        block_bytes = kv_block_bytes(hf_config, config.block_size, dtype, config.tensor_parallel_size,
+                                     config.pipeline_parallel_size)
         num_blocks = _num_blocks(config, device, block_bytes)
         capacity = num_blocks * config.block_size
         max_model_len = config.max_model_len or min(positions, capacity, window or positions)

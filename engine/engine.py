@@ -10,23 +10,27 @@ import gc
 import hashlib
 import itertools
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 import torch
 
+from engine import parallel
 from engine.config import EngineConfig, ResolvedConfig
 from engine.detokenizer import Detokenizer
 from engine.errors import ParamError
 from engine.kv_cache_manager import KVCacheManager
 from engine.models import loader
 from engine.outputs import CompletionDelta, CompletionOutput, RequestMetrics, RequestOutput
-from engine.runner import ModelRunner, StepLogits
+from engine.executor import LocalExecutor, ParallelExecutor
+from engine.runner import ModelRunner, StepInput, StepLogits, prepare
 from engine.sampler import Sampler, SamplingRow, TokenLogprobs, make_generator, token_logprobs
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import Batch, Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats, StepStats
 from engine.structured import Grammars
+from engine.worker import WorkerSpec
 
 
 @dataclass(eq=False)
@@ -94,16 +98,11 @@ class LLMEngine:
         self.sampling_defaults = loader.load_sampling_defaults(files)  # generation_config.json
         self.hf_id = loader.hf_id(files)
 
-        model = loader.build_model(
-            None if config.load_format == "dummy" else files, hf_config, self.dtype, self.device,
-            max_positions=resolved.max_positions, dummy=config.load_format == "dummy", seed=config.seed,
-            fused=resolved.attention_backend == "native",  # the same native build carries the fused ops
-        )
         self.kv_manager = KVCacheManager(resolved.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.scheduling_policy)
-        self.runner = ModelRunner(model, self.kv_manager, resolved.num_blocks, self.dtype, self.device,
-                                  resolved.attention_backend)
+        self.executor = _executor(config, resolved, files, hf_config)
+        self._inflight: deque[tuple[Batch, StepInput]] = deque()  # submitted, logits not yet taken
         self.grammars = Grammars(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed, grammars=self.grammars)
         self.requests: dict[str, Request] = {}
@@ -211,27 +210,60 @@ class LLMEngine:
         return self._output(req)
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests) or bool(self._inflight)
+
+    def check_health(self) -> None:
+        """Raise WorkerDiedError if a parallel worker has gone: no step could run."""
+        self.executor.check()
+
+    def shutdown(self) -> None:
+        """Stop the parallel workers, if any (idempotent)."""
+        self.executor.close()
 
     # -- the step -----------------------------------------------------------------
     def step(self) -> StepOutput:
-        """Schedule, run one forward pass, sample, and report every request that changed."""
-        batch = self.scheduler.schedule()
+        """Schedule and submit a batch, then, once as many batches are in flight as the
+        executor has stages (or nothing more could be scheduled), take the oldest one's
+        logits, sample, and report every request that changed."""
+        self.executor.check()
+        depth = self.executor.depth
+        share = None
+        if depth > 1:  # one batch per stage: each takes its share of the sequences
+            share = -(-(self.scheduler.num_running + self.scheduler.num_waiting) // depth)
+        batch = self.scheduler.schedule(share)
         stats = StepStats(preemptions=batch.num_preempted, prefix_cache_query_tokens=batch.prefix_query_tokens,
                           prefix_cache_hit_tokens=batch.prefix_hit_tokens)
         outputs: list[RequestOutput] = []
         if batch.seqs:
-            out = self.runner.execute(batch)
-            for seq, n in zip(batch.seqs, batch.num_new):
-                stats.prompt_tokens_computed += max(0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens))
-                seq.num_computed_tokens += n
-            self._track_waste()
-            if out.prompt_spans:
-                self._prompt_logprobs(out)
-            outputs = self._sample(out.logits, out.sampling, stats)
+            step = prepare(batch, self.kv_manager)
+            for seq in batch.seqs:
+                seq.in_flight = True
+            self.executor.submit(step.tensors)
+            self._inflight.append((batch, step))
+        if self._inflight and (len(self._inflight) >= depth or not batch.seqs):
+            done, step = self._inflight.popleft()
+            outputs = self._complete(done, step, self.executor.result(), stats)
         self._fill_gauges(stats)
         self._accumulate(stats)
         return StepOutput(outputs, stats)
+
+    def _complete(self, batch: Batch, step: StepInput, logits: torch.Tensor, stats: StepStats
+                  ) -> list[RequestOutput]:
+        for seq, n in zip(batch.seqs, batch.num_new):
+            seq.in_flight = False
+            if seq.finished:  # aborted while its batch was in flight
+                continue
+            stats.prompt_tokens_computed += max(0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens))
+            seq.num_computed_tokens += n
+        self._track_waste()
+        k = len(step.sampling)
+        out = StepLogits(logits[:k], step.sampling, step.prompt_spans, logits[k:])
+        if out.prompt_spans:
+            self._prompt_logprobs(out)
+        live = [i for i, seq in enumerate(out.sampling) if not seq.finished]
+        if len(live) < k:
+            return self._sample(out.logits[live], [out.sampling[i] for i in live], stats)
+        return self._sample(out.logits, out.sampling, stats)
 
     def _sample(self, logits: torch.Tensor, sampling: list[Sequence], stats: StepStats) -> list[RequestOutput]:
         rows, row_seqs, logit_rows = [], [], []
@@ -258,7 +290,10 @@ class LLMEngine:
         its prompt after preemption (or a fork doing so) adds nothing already recorded."""
         row = 0
         for seq, first, count in out.prompt_spans:
-            req = self.requests[seq.request_id]
+            req = self.requests.get(seq.request_id)
+            if req is None or seq.finished:  # aborted while in flight
+                row += count
+                continue
             have = len(req.prompt_logprobs)  # covers tokens [0, have): position have - 1 comes next
             skip = max(0, have - 1 - first)
             if skip < count:
@@ -397,6 +432,22 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> None:
         self.kv_manager.reset_prefix_cache()
+
+
+def _executor(config: EngineConfig, resolved: ResolvedConfig, files: loader.ModelFiles, hf_config
+              ) -> LocalExecutor | ParallelExecutor:
+    dummy = config.load_format == "dummy"
+    fused = resolved.attention_backend == "native"  # the same native build carries the fused ops
+    if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
+        model = loader.build_model(None if dummy else files, hf_config, resolved.dtype, resolved.device,
+                                   max_positions=resolved.max_positions, dummy=dummy, seed=config.seed, fused=fused)
+        return LocalExecutor(ModelRunner(model, resolved.num_blocks, config.block_size, resolved.dtype,
+                                         resolved.device, resolved.attention_backend))
+    spec = WorkerSpec(None if dummy else files, hf_config, resolved.dtype, resolved.device.type,
+                      resolved.max_positions, resolved.num_blocks, config.block_size, resolved.attention_backend,
+                      config.seed, config.tensor_parallel_size, config.pipeline_parallel_size,
+                      parallel.free_port(), timeout_s=600.0)
+    return ParallelExecutor(spec)
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:

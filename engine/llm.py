@@ -107,5 +107,15 @@ class LLM:
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
+    def shutdown(self) -> None:
+        """Stop the worker processes of a parallel engine (they also go when this process exits)."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()

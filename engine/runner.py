@@ -1,4 +1,9 @@
-"""Turns a scheduled batch into one forward pass over the paged KV cache."""
+"""Turns a scheduled batch into one forward pass over the paged KV cache.
+
+The driver turns the batch into StepTensors (`prepare`); every rank's ModelRunner runs
+its part of the forward pass from them. Under parallelism the StepTensors are what
+crosses to the workers, packed into one int64 tensor.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +15,59 @@ import torch
 import kernels
 import kernels.cpu
 from engine.kv_cache_manager import KVCacheManager
-from engine.models.llama import AttnMetadata, LlamaForCausalLM, head_dim, num_kv_heads
+from engine.models.llama import AttnMetadata, LlamaForCausalLM, head_dim
 from engine.scheduler import Batch
 from engine.sequence import Sequence
+
+HEADER = 8  # int64s: kind, tokens, seqs, table width, decodes, logits rows, copies, spare
+STEP, NOOP, STOP = 0, 1, 2
+
+
+@dataclass
+class StepTensors:
+    """Everything any rank needs for one forward pass, and nothing about the requests."""
+
+    input_ids: torch.Tensor  # int64 [tokens]
+    positions: torch.Tensor  # int64 [tokens]
+    slot_mapping: torch.Tensor  # int64 [tokens]
+    block_tables: torch.Tensor  # int64 [seqs, width]; decode sequences first
+    query_start_loc: torch.Tensor  # int64 [seqs + 1]
+    seq_lens: torch.Tensor  # int64 [seqs]
+    logits_indices: torch.Tensor  # int64 [rows]
+    copies: torch.Tensor  # int64 [copies, 2]: (src, dst) blocks to copy before the pass
+    num_decodes: int
+
+    def pack(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n, (s, w) = self.input_ids.shape[0], self.block_tables.shape
+        header = torch.tensor([STEP, n, s, w, self.num_decodes, self.logits_indices.shape[0],
+                               self.copies.shape[0], 0], dtype=torch.int64)
+        body = torch.cat([self.input_ids, self.positions, self.slot_mapping, self.block_tables.reshape(-1),
+                          self.query_start_loc, self.seq_lens, self.logits_indices, self.copies.reshape(-1)])
+        return header, body
+
+    @staticmethod
+    def body_size(header: torch.Tensor) -> int:
+        _, n, s, w, _, rows, c, _ = header.tolist()
+        return 3 * n + s * w + (s + 1) + s + rows + 2 * c
+
+    @classmethod
+    def unpack(cls, header: torch.Tensor, body: torch.Tensor) -> "StepTensors":
+        _, n, s, w, nd, rows, c, _ = header.tolist()
+        sizes = [n, n, n, s * w, s + 1, s, rows, 2 * c]
+        ids, pos, slots, tables, qsl, lens, idx, copies = body.split(sizes)
+        return cls(ids, pos, slots, tables.view(s, w), qsl, lens, idx, copies.view(c, 2), nd)
+
+    def to(self, device: torch.device) -> "StepTensors":
+        if device.type == "cpu":
+            return self
+        return StepTensors(*(t.to(device, non_blocking=True) for t in (
+            self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.query_start_loc,
+            self.seq_lens, self.logits_indices, self.copies)), self.num_decodes)
 
 
 @dataclass
 class StepInput:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttnMetadata
-    logits_indices: torch.Tensor
+    tensors: StepTensors
     sampling: list[Sequence]  # in the order of the first logits rows
     # (sequence, first position, count) for prompt tokens whose logprobs were asked for;
     # their logits rows follow the sampling rows, in this order.
@@ -35,107 +82,117 @@ class StepLogits:
     prompt_logits: torch.Tensor  # fp32, one row per position in prompt_spans: it predicts the next token
 
 
+def prepare(batch: Batch, kv_manager: KVCacheManager) -> StepInput:
+    """The batch as flat token arrays, block tables and the rows to compute logits for."""
+    bs = kv_manager.block_size
+    # Single-token queries go first so they can take the decode kernel.
+    order = sorted(range(len(batch)), key=lambda i: batch.num_new[i] != 1)
+    reqs = [batch.seqs[i] for i in order]
+    num_new = np.array([batch.num_new[i] for i in order], dtype=np.int64)
+    computed = np.array([r.num_computed_tokens for r in reqs], dtype=np.int64)
+    seq_lens = computed + num_new
+
+    ids: list[int] = []
+    for r, c, n in zip(reqs, computed.tolist(), num_new.tolist()):
+        ids.extend(r.token_ids[c : c + n])
+    starts = np.concatenate(([0], np.cumsum(num_new)))
+    total = int(starts[-1])
+    req_of_token = np.repeat(np.arange(len(reqs)), num_new)
+    positions = np.arange(total) - starts[req_of_token] + computed[req_of_token]
+
+    tables = [kv_manager.block_ids(r) for r in reqs]
+    width = max(len(t) for t in tables)
+    table_np = np.zeros((len(reqs), width), dtype=np.int64)
+    for i, t in enumerate(tables):
+        table_np[i, : len(t)] = t
+    slots = table_np[req_of_token, positions // bs] * bs + positions % bs
+
+    sampling_rows = [i for i, r in enumerate(reqs) if seq_lens[i] == r.num_tokens]
+    logits_idx = starts[1:][sampling_rows] - 1
+    spans: list[tuple[Sequence, int, int]] = []
+    for i, r in enumerate(reqs):
+        if r.params.prompt_logprobs is not None:
+            # position p predicts token p + 1: the prompt's last position predicts the first output
+            c = int(computed[i])
+            count = min(c + int(num_new[i]), r.num_prompt_tokens - 1) - c
+            if count > 0:
+                spans.append((r, c, count))
+                logits_idx = np.concatenate((logits_idx, np.arange(starts[i], starts[i] + count)))
+
+    tensors = StepTensors(
+        input_ids=torch.tensor(ids, dtype=torch.int64),
+        positions=torch.from_numpy(positions),
+        slot_mapping=torch.from_numpy(slots),
+        block_tables=torch.from_numpy(table_np),
+        query_start_loc=torch.from_numpy(starts.astype(np.int64)),
+        seq_lens=torch.from_numpy(seq_lens),
+        logits_indices=torch.from_numpy(np.asarray(logits_idx, dtype=np.int64)),
+        copies=torch.tensor(batch.copies, dtype=torch.int64).view(-1, 2),
+        num_decodes=int((num_new == 1).sum()),
+    )
+    return StepInput(tensors, [reqs[i] for i in sampling_rows], spans)
+
+
 class ModelRunner:
+    """One rank's model part and KV cache (its heads of its stage's layers)."""
+
     def __init__(
         self,
         model: LlamaForCausalLM,
-        kv_manager: KVCacheManager,
         num_blocks: int,
+        block_size: int,
         dtype: torch.dtype,
         device: torch.device,
         backend: str = "auto",
+        cores: list[int] | None = None,
     ) -> None:
         self.model = model
-        self.kv_manager = kv_manager
         self.device = device
+        self.dtype = dtype
         self.backend = backend
+        self.cores = cores
         self._threads_bound = backend != "native"  # pinned on first use, by the thread that steps
-        cfg = model.config
-        shape = (num_blocks, kv_manager.block_size, num_kv_heads(cfg), head_dim(cfg))
+        num_kv = model.layers[0].self_attn.num_kv_heads if len(model.layers) else 0
+        shape = (num_blocks, block_size, num_kv, head_dim(model.config))
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(cfg.num_hidden_layers)
+            for _ in model.layers
         ]
 
-    def prepare(self, batch: Batch) -> StepInput:
-        bs = self.kv_manager.block_size
-        # Single-token queries go first so they can take the decode kernel.
-        order = sorted(range(len(batch)), key=lambda i: batch.num_new[i] != 1)
-        reqs = [batch.seqs[i] for i in order]
-        num_new = np.array([batch.num_new[i] for i in order], dtype=np.int64)
-        computed = np.array([r.num_computed_tokens for r in reqs], dtype=np.int64)
-        seq_lens = computed + num_new
-        num_decodes = int((num_new == 1).sum())
+    @torch.inference_mode()
+    def forward(self, step: StepTensors, hidden: torch.Tensor | None = None) -> torch.Tensor | None:
+        """This rank's part of the pass: logits on the rank that samples, the hidden state
+        for the next stage on a pipeline's other stages, None on the other tensor ranks."""
+        if not self._threads_bound:
+            kernels.cpu.bind_threads(self.cores)
+            self._threads_bound = True
+        step = step.to(self.device)
+        if step.copies.shape[0]:
+            for k, v in self.kv_caches:
+                kernels.copy_blocks(k, v, step.copies[:, 0], step.copies[:, 1])
+        return self.model(step.input_ids, step.positions, self.kv_caches, self.meta(step), step.logits_indices,
+                          hidden)
 
-        ids: list[int] = []
-        for r, c, n in zip(reqs, computed.tolist(), num_new.tolist()):
-            ids.extend(r.token_ids[c : c + n])
-        starts = np.concatenate(([0], np.cumsum(num_new)))
-        total = int(starts[-1])
-        req_of_token = np.repeat(np.arange(len(reqs)), num_new)
-        positions = np.arange(total) - starts[req_of_token] + computed[req_of_token]
-
-        tables = [self.kv_manager.block_ids(r) for r in reqs]
-        width = max(len(t) for t in tables)
-        table_np = np.zeros((len(reqs), width), dtype=np.int64)
-        for i, t in enumerate(tables):
-            table_np[i, : len(t)] = t
-        slots = table_np[req_of_token, positions // bs] * bs + positions % bs
-
-        sampling_rows = [i for i, r in enumerate(reqs) if seq_lens[i] == r.num_tokens]
-        logits_idx = starts[1:][sampling_rows] - 1
-        spans: list[tuple[Sequence, int, int]] = []
-        for i, r in enumerate(reqs):
-            if r.params.prompt_logprobs is not None:
-                # position p predicts token p + 1: the prompt's last position predicts the first output
-                c = int(computed[i])
-                count = min(c + int(num_new[i]), r.num_prompt_tokens - 1) - c
-                if count > 0:
-                    spans.append((r, c, count))
-                    logits_idx = np.concatenate((logits_idx, np.arange(starts[i], starts[i] + count)))
-
-        dev = self.device
-        block_tables = torch.from_numpy(table_np.astype(np.int32)).to(dev)
-        seq_lens_t = torch.from_numpy(seq_lens.astype(np.int32)).to(dev)
-        nd = num_decodes
-        prefill_qsl = torch.from_numpy((starts[nd:] - starts[nd]).astype(np.int32)).to(dev)
-        meta = AttnMetadata(
-            slot_mapping=torch.from_numpy(slots).to(dev),
+    def meta(self, step: StepTensors) -> AttnMetadata:
+        nd = step.num_decodes
+        tables = step.block_tables.to(torch.int32)
+        lens = step.seq_lens.to(torch.int32)
+        qsl = step.query_start_loc.to(torch.int32)
+        return AttnMetadata(
+            slot_mapping=step.slot_mapping,
             num_decode_tokens=nd,
-            decode_block_tables=block_tables[:nd],
-            decode_seq_lens=seq_lens_t[:nd],
-            prefill_block_tables=block_tables[nd:],
-            prefill_query_start_loc=prefill_qsl,
-            prefill_seq_lens=seq_lens_t[nd:],
-            block_tables=block_tables,
-            query_start_loc=torch.from_numpy(starts.astype(np.int32)).to(dev),
-            seq_lens=seq_lens_t,
+            decode_block_tables=tables[:nd],
+            decode_seq_lens=lens[:nd],
+            prefill_block_tables=tables[nd:],
+            prefill_query_start_loc=qsl[nd:] - qsl[nd],
+            prefill_seq_lens=lens[nd:],
+            block_tables=tables,
+            query_start_loc=qsl,
+            seq_lens=lens,
             backend=self.backend,
         )
-        return StepInput(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=torch.from_numpy(positions).to(dev),
-            meta=meta,
-            logits_indices=torch.from_numpy(logits_idx).to(dev),
-            sampling=[reqs[i] for i in sampling_rows],
-            prompt_spans=spans,
-        )
 
-    @torch.inference_mode()
-    def execute(self, batch: Batch) -> StepLogits:
-        """Run the step: fp32 logits for the sequences that sample and the prompt positions asked for."""
-        if not self._threads_bound:
-            kernels.cpu.bind_threads()
-            self._threads_bound = True
-        if batch.copies:
-            self._copy_blocks(batch.copies)
-        step = self.prepare(batch)
-        logits = self.model(step.input_ids, step.positions, self.kv_caches, step.meta, step.logits_indices)
-        k = len(step.sampling)
-        return StepLogits(logits[:k], step.sampling, step.prompt_spans, logits[k:])
-
-    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
-        for k, v in self.kv_caches:
-            kernels.copy_blocks(k, v, src, dst)
+    def hidden_buffer(self, step: StepTensors) -> torch.Tensor:
+        """Where a later pipeline stage receives its input activations."""
+        return torch.empty(step.input_ids.shape[0], self.model.config.hidden_size,
+                           dtype=self.dtype, device=self.device)

@@ -70,8 +70,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> Batch:
+    def schedule(self, max_seqs: int | None = None) -> Batch:
+        """The next batch; `max_seqs` caps its sequences, so that a pipeline's stages each get
+        a share of the running ones instead of one batch holding them all."""
         batch = Batch()
+        cap = max_seqs or self.max_num_seqs
         budget = self.max_num_batched_tokens
         kv = self.kv_manager
 
@@ -82,9 +85,14 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.in_flight:
+                i += 1
+                continue
+            if len(batch.seqs) >= cap:
+                break
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not kv.allocate(seq, num_new):
-                victim = self.running.pop()
+                victim = self._victim()
                 self._preempt(victim)
                 batch.num_preempted += 1
                 if victim is seq:
@@ -98,7 +106,7 @@ class Scheduler:
             break  # seq itself was preempted: it was the last one running
 
         # Then admit waiting sequences, unless this step already had to preempt.
-        while self.waiting and budget > 0 and not batch.num_preempted:
+        while self.waiting and budget > 0 and not batch.num_preempted and len(batch.seqs) < cap:
             seq = self.waiting[0]
             # A fresh n>1 request forks into n sequences once its prompt is computed.
             seats = seq.params.n if seq.num_output_tokens == 0 else 1
@@ -125,6 +133,11 @@ class Scheduler:
 
         batch.copies = kv.take_copies()
         return batch
+
+    def _victim(self) -> Sequence:
+        """The last running sequence that is not in flight (the one being scheduled is not)."""
+        at = next(j for j in range(len(self.running) - 1, -1, -1) if not self.running[j].in_flight)
+        return self.running.pop(at)
 
     def _preempt(self, seq: Sequence) -> None:
         """Free everything the sequence holds; it is recomputed from its known tokens later."""

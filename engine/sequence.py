@@ -45,6 +45,9 @@ class Sequence:
     first_scheduled_time: float | None = None
     matcher: Any = None  # engine.structured.Matcher when the output is constrained
     priority: int = 0  # with scheduling_policy "priority": lower runs first
+    # In a pipeline's batch whose logits have not come back: not scheduled or preempted again
+    # until they do (its next token is unknown and its KV is being written).
+    in_flight: bool = False
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -110,13 +110,13 @@ def paged_attention(
     return _op("paged_attention")(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
 
 
-def bind_threads() -> int:
-    """Pin torch's intra-op threads one per core of this process's CPU set; returns how many
-    were pinned. Skipped (0) when the set has fewer cores than threads, or with
-    PAGEDSERVE_BIND_THREADS=0."""
+def bind_threads(cores: list[int] | None = None) -> int:
+    """Pin torch's intra-op threads one per core of `cores` (default: this process's CPU
+    set); returns how many were pinned. Skipped (0) when there are fewer cores than
+    threads, or with PAGEDSERVE_BIND_THREADS=0. Parallel ranks pass disjoint core sets."""
     if os.environ.get("PAGEDSERVE_BIND_THREADS", "1") == "0" or not load():
         return 0
-    cores = sorted(os.sched_getaffinity(0))
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
     if len(cores) < torch.get_num_threads():
         return 0
     return int(_op("bind_threads")(torch.tensor(cores[: torch.get_num_threads()])))

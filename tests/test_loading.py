@@ -95,7 +95,7 @@ def test_dummy_weights_follow_the_config_and_the_seed(tiny_model_factory):
     path = str(tiny_model_factory("dummy-tiny"))
 
     def weight(llm: LLM) -> torch.Tensor:
-        return llm.engine.runner.model.embed_tokens.weight
+        return llm.engine.executor.runner.model.embed_tokens.weight
 
     real = LLM(path, **SMALL)
     a, b = (LLM(path, load_format="dummy", seed=s, **SMALL) for s in (1, 1))

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from engine import parallel
 from engine.models import packed_linear
 from kernels import cpu as cpu_kernels
 
@@ -72,10 +73,13 @@ def num_kv_heads(config) -> int:
     return config.num_key_value_heads or config.num_attention_heads
 
 
-def kv_block_bytes(config, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one KV block across all layers (K and V)."""
+def kv_block_bytes(config, block_size: int, dtype: torch.dtype, tp: int = 1, pp: int = 1) -> int:
+    """Bytes of one KV block across all layers (K and V); under parallelism, on the rank
+    holding the most heads and layers."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * block_size * num_kv_heads(config) * head_dim(config) * elem
+    heads = parallel.max_kv_heads(config, tp)
+    layers = parallel.max_layers(config.num_hidden_layers, pp)
+    return 2 * layers * block_size * heads * head_dim(config) * elem
 
 
 class RMSNorm(nn.Module):
@@ -91,16 +95,19 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config) -> None:
+    """Column-parallel qkv over this rank's heads, row-parallel o_proj, then the all-reduce."""
+
+    def __init__(self, config, heads: parallel.Heads, tp: parallel.Group) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = num_kv_heads(config)
+        self.heads, self.tp = heads, tp
+        self.num_heads = heads.num_q
+        self.num_kv_heads = heads.num_kv
         self.head_dim = head_dim(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         bias = bool(getattr(config, "attention_bias", False))
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)  # bias on tensor rank 0 only
         self.scale = self.head_dim**-0.5
 
     def forward(
@@ -141,7 +148,7 @@ class Attention(nn.Module):
                 q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
                 meta.prefill_seq_lens, self.scale, meta.backend,
             )
-        return self.o_proj(out.view(n, self.q_size))
+        return self.tp.all_reduce(self.o_proj(out.view(n, self.q_size)))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -151,26 +158,30 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class MLP(nn.Module):
-    def __init__(self, config) -> None:
+    """Column-parallel gate/up over this rank's slice of the intermediate size, row-parallel down."""
+
+    def __init__(self, config, tp: parallel.Group) -> None:
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
-        self.inter = config.intermediate_size
+        self.tp = tp
+        self.inter_range = parallel.split(config.intermediate_size, tp.size, tp.rank)
+        self.inter = self.inter_range[1] - self.inter_range[0]
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.inter, bias=bias)
         self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=bias)
         self.fused = False  # kernels.cpu.silu_mul instead of three eager passes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
-            return self.down_proj(cpu_kernels.silu_mul(self.gate_up_proj(x)))
+            return self.tp.all_reduce(self.down_proj(cpu_kernels.silu_mul(self.gate_up_proj(x))))
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config) -> None:
+    def __init__(self, config, heads: parallel.Heads, tp: parallel.Group) -> None:
         super().__init__()
-        self.self_attn = Attention(config)
-        self.mlp = MLP(config)
+        self.self_attn = Attention(config, heads, tp)
+        self.mlp = MLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -189,15 +200,30 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config, max_positions: int) -> None:
+    """The whole model, or under parallelism one rank's part of it: its stage's layers
+    (pipeline), its slice of every layer (tensor), its slice of the vocabulary for the
+    embedding (first stage) and the head (last stage)."""
+
+    def __init__(self, config, max_positions: int, dist: parallel.Dist | None = None) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.dist = dist = dist or parallel.single()
+        layout, tp = dist.layout, dist.tp
+        self.first, self.last = layout.first, layout.last
         self.tie = bool(getattr(config, "tie_word_embeddings", False))
-        if not self.tie:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # Equal vocabulary shards (the last one padded with zero rows) so the gather is uniform.
+        self.vocab_shard = -(-config.vocab_size // tp.size)
+        self.vocab_lo = tp.rank * self.vocab_shard
+        self.vocab_hi = min(config.vocab_size, self.vocab_lo + self.vocab_shard)
+        if self.first or (self.last and self.tie):
+            self.embed_tokens = nn.Embedding(self.vocab_shard, config.hidden_size)
+        heads = parallel.split_heads(config.num_attention_heads, num_kv_heads(config), tp.size, tp.rank)
+        self.layer_range = layout.layers(config.num_hidden_layers)
+        self.layers = nn.ModuleList(DecoderLayer(config, heads, tp) for _ in range(*self.layer_range))
+        if self.last:
+            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            if not self.tie:
+                self.lm_head = nn.Linear(config.hidden_size, self.vocab_shard, bias=False)
         # cos/sin for every position, computed in fp32 exactly as transformers does.
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * rope_inv_freq(config)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -218,7 +244,17 @@ class LlamaForCausalLM(nn.Module):
     def pack_linears(self) -> None:
         """Prepack every GEMM weight for oneDNN (CPU only; after loading, never before)."""
         packed_linear.pack(self.layers)
-        self.head = packed_linear.PackedLinear(self.lm_head_weight, None)
+        if self.last:
+            self.head = packed_linear.PackedLinear(self.lm_head_weight, None)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        tp = self.dist.tp
+        if tp.size == 1:
+            return self.embed_tokens(input_ids)
+        local = input_ids - self.vocab_lo
+        outside = (local < 0) | (local >= self.vocab_hi - self.vocab_lo)
+        h = self.embed_tokens(local.masked_fill(outside, 0))
+        return tp.all_reduce(h.masked_fill_(outside[:, None], 0))
 
     def forward(
         self,
@@ -227,9 +263,12 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttnMetadata,
         logits_indices: torch.Tensor,
-    ) -> torch.Tensor:
-        """Returns fp32 logits only at logits_indices: sampling needs no others."""
-        h = self.embed_tokens(input_ids)
+        hidden: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """fp32 logits only at logits_indices (sampling needs no others) on the rank that
+        samples; a later stage's input (`hidden`) on the others of a pipeline; None on the
+        other tensor ranks of the last stage."""
+        h = self.embed(input_ids) if self.first else hidden
         cos = self.cos_cache[positions].to(h.dtype)[:, None, :]
         sin = self.sin_cache[positions].to(h.dtype)[:, None, :]
         if self.fused:
@@ -240,54 +279,29 @@ class LlamaForCausalLM(nn.Module):
         else:
             for layer, kv_cache in zip(self.layers, kv_caches):
                 h = layer(h, cos, sin, kv_cache, meta)
+        if not self.last:
+            return h
         h = self.norm(h[logits_indices])
         head = getattr(self, "head", None)
-        return (head(h) if head is not None else F.linear(h, self.lm_head_weight)).float()
+        logits = (head(h) if head is not None else F.linear(h, self.lm_head_weight)).float()
+        return self._gather(logits)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Take transformers-named tensors and fill the fused parameters from them."""
-        params = dict(self.named_parameters())
-        fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-                 "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if "rotary_emb" in name:
-                continue
-            name = name.removeprefix("model.")
-            if name == "lm_head.weight" and self.tie:
-                continue
-            parts = name.split(".")
-            if len(parts) >= 2 and parts[-2] in fused:
-                target, shard = fused[parts[-2]]
-                name = ".".join(parts[:-2] + [target, parts[-1]])
-                param = params[name]
-                start, size = self._shard(target, shard)
-                with torch.no_grad():
-                    param[start : start + size].copy_(tensor)
-                loaded.add(f"{name}#{shard}")
-            else:
-                if name not in params:
-                    raise ValueError(f"unexpected weight {name!r} in checkpoint")
-                with torch.no_grad():
-                    params[name].copy_(tensor)
-                loaded.add(name)
-        expected = set()
-        for name in params:
-            leaf = name.split(".")[-2] if "." in name else name
-            if leaf == "qkv_proj":
-                expected |= {f"{name}#{i}" for i in range(3)}
-            elif leaf == "gate_up_proj":
-                expected |= {f"{name}#{i}" for i in range(2)}
-            else:
-                expected.add(name)
-        missing = sorted(expected - loaded)
-        if missing:
-            raise ValueError(f"checkpoint is missing weights: {missing[:5]}{'...' if len(missing) > 5 else ''}")
+    def _gather(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The vocabulary shards to tensor rank 0, joined and cut to the true vocabulary."""
+        tp = self.dist.tp
+        if tp.size == 1 or logits.shape[0] == 0:  # every rank knows the row count: nothing to send
+            return logits[:, : self.config.vocab_size] if tp.rank == 0 else None
+        if tp.rank != 0:
+            tp.send(logits.contiguous(), 0).wait()
+            return None
+        parts = [logits]
+        for r in range(1, tp.size):
+            part = torch.empty_like(logits)
+            tp.recv(part, r)
+            parts.append(part)
+        return torch.cat(parts, dim=-1)[:, : self.config.vocab_size]
 
-    def _shard(self, target: str, shard: int) -> tuple[int, int]:
-        attn = self.layers[0].self_attn
-        if target == "qkv_proj":
-            sizes = [attn.q_size, attn.kv_size, attn.kv_size]
-        else:
-            sizes = [self.layers[0].mlp.inter] * 2
-        return sum(sizes[:shard]), sizes[shard]
+    def load_weights(self, weights: Iterable[tuple[str, object]]) -> None:
+        from engine.models.weights import load
+
+        load(self, weights)

@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from engine.models import DEFAULT_GGUF_FILE, DEFAULT_HF_ID, DEFAULT_MODEL_NAME, default_model_path
+from engine import parallel
 from engine.models import packed_linear
 from engine.models.llama import LlamaForCausalLM
 
@@ -148,14 +149,15 @@ def load_tokenizer(files: ModelFiles) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(files.path)
 
 
-def iter_weights(files: ModelFiles) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(files: ModelFiles) -> Iterator[tuple[str, object]]:
+    """Every checkpoint tensor as a lazy safetensors slice: each rank reads only its part."""
     shards = sorted(files.path.glob("*.safetensors"))
     if not shards:
         raise ValueError(f"no *.safetensors files in {files.path}")
     for shard in shards:
         with safe_open(shard, framework="pt") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)
 
 
 def build_model(
@@ -167,13 +169,14 @@ def build_model(
     dummy: bool = False,
     seed: int = 0,
     fused: bool = False,
+    dist: parallel.Dist | None = None,
 ) -> LlamaForCausalLM:
     """Instantiate our model and fill it: from the checkpoint, or randomly for `dummy`.
 
     `fused` (CPU, with the native kernels built) swaps eager elementwise chains for fused ops."""
     torch.manual_seed(seed)
     with torch.device(device):
-        model = LlamaForCausalLM(config, max_positions)
+        model = LlamaForCausalLM(config, max_positions, dist)
     if dummy:
         with torch.no_grad():
             for name, p in model.named_parameters():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import multiprocessing as mp
+import multiprocessing.util
 import queue
 import signal
 import threading
@@ -38,6 +39,8 @@ from engine.serving import wire
 from engine.stats import EngineStats, StepStats
 
 logger = logging.getLogger(__name__)
+
+HEALTH_CHECK_S = 1.0  # how often an idle engine looks for dead parallel workers
 
 OnAdded = Callable[[str, BaseException | None], None]
 OnStep = Callable[[list[wire.EngineOutput], StepStats], None]
@@ -96,6 +99,7 @@ class ThreadCore:
     def _run(self) -> None:
         try:
             while self._apply(block=not self.engine.has_unfinished()):
+                self.engine.check_health()
                 if self.engine.has_unfinished():
                     step = self.engine.step()
                     self._on_step([wire.EngineOutput.of(o) for o in step.outputs], step.stats)
@@ -106,9 +110,16 @@ class ThreadCore:
         else:
             self._answer_pending_stats()
             self._on_dead(EngineDeadError("the engine was shut down"))
+        finally:
+            self.engine.shutdown()
 
     def _apply(self, block: bool) -> bool:
-        cmds = [self._cmds.get()] if block else []
+        cmds = []
+        if block:
+            try:
+                cmds.append(self._cmds.get(timeout=HEALTH_CHECK_S))
+            except queue.Empty:
+                return True
         cmds += _drain(self._cmds)
         for cmd in cmds:
             kind = cmd[0]
@@ -148,8 +159,11 @@ class ProcessCore:
         self._on_added, self._on_step, self._on_dead = on_added, on_step, on_dead
         ctx = mp.get_context("spawn")  # fork would copy this process's threads and locks
         self._conn, child = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(target=run_core, args=(config, child), name="engine-core", daemon=True)
+        # Not a daemon: a parallel engine starts its worker processes from there, which
+        # daemons may not. The finalizer stops it when this interpreter exits instead.
+        self._proc = ctx.Process(target=run_core, args=(config, child), name="engine-core", daemon=False)
         self._proc.start()
+        mp.util.Finalize(self, _stop_at_exit, args=(self._conn, self._proc), exitpriority=10)
         child.close()
         self._send_lock = threading.Lock()
         self._stats_waiters: queue.SimpleQueue[concurrent.futures.Future] = queue.SimpleQueue()
@@ -261,8 +275,9 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
         return
     try:
         while True:
-            if not engine.has_unfinished():
-                conn.poll(None)  # idle: sleep until a command (or EOF) arrives
+            engine.check_health()  # a parallel worker's death ends the loop, busy or idle
+            if not engine.has_unfinished() and not conn.poll(HEALTH_CHECK_S):
+                continue  # idle: sleep until a command (or EOF) arrives, looking up now and then
             while conn.poll(0):
                 if not _handle(engine, conn, wire.unpack(conn.recv_bytes())):
                     conn.send_bytes(wire.pack(["stopped"]))
@@ -278,6 +293,8 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
         except OSError:
             pass
         raise SystemExit(1) from exc
+    finally:
+        engine.shutdown()
 
 
 def _handle(engine: LLMEngine, conn: Connection, msg: list) -> bool:
@@ -304,6 +321,20 @@ def _handle(engine: LLMEngine, conn: Connection, msg: list) -> bool:
 def _send_step(conn: Connection, step: StepOutput) -> None:
     conn.send_bytes(wire.pack(["step", [wire.EngineOutput.of(o).encode() for o in step.outputs],
                                asdict(step.stats)]))
+
+
+def _stop_at_exit(conn: Connection, proc: mp.Process) -> None:
+    """At interpreter exit, before multiprocessing joins its children: ask the engine
+    process to stop, then make sure it has."""
+    if proc.is_alive():
+        try:
+            conn.send_bytes(wire.pack(["stop"]))
+        except OSError:
+            pass
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
 
 
 def _drain(q: queue.SimpleQueue) -> list:

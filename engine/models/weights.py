@@ -1,0 +1,128 @@
+"""Fill a (possibly sharded) LlamaForCausalLM from transformers-named checkpoint tensors.
+
+Each tensor arrives as something sliceable, a safetensors slice or a tensor, and only the
+rows or columns this rank holds are read: under tensor parallelism a rank never
+materializes the whole checkpoint. Separate q/k/v and gate/up tensors go into their
+fused parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from engine.models.llama import LlamaForCausalLM
+
+FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+def load(model: LlamaForCausalLM, weights: Iterable[tuple[str, object]]) -> None:
+    params = dict(model.named_parameters())
+    first_layer, end_layer = model.layer_range
+    loaded: set[str] = set()
+    for name, src in weights:
+        if "rotary_emb" in name:
+            continue
+        name = name.removeprefix("model.")
+        parts = name.split(".")
+        if parts[0] == "layers":
+            index = int(parts[1])
+            if not first_layer <= index < end_layer:
+                continue  # another pipeline stage's layer
+            parts[1] = str(index - first_layer)
+            name = ".".join(parts)
+        if name == "lm_head.weight" and model.tie:
+            continue
+        if parts[0] in ("embed_tokens", "lm_head", "norm") and name not in params:
+            continue  # held by another pipeline stage
+        module, leaf = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", parts[-1])
+        if module in FUSED:
+            target, shard = FUSED[module]
+            name = ".".join(parts[:-2] + [target, leaf])
+            param = params[name]
+            start, size = _fused_range(model, target, shard)
+            tensor = _rows(model, module, src)
+            _copy(param[start:start + size], tensor, name)
+            loaded.add(f"{name}#{shard}")
+            continue
+        if name not in params:
+            raise ValueError(f"unexpected weight {name!r} in checkpoint")
+        param = params[name]
+        if module in ("o_proj", "down_proj"):
+            tensor = _cols(model, module, src) if leaf == "weight" else _bias(model, src)
+        elif module in ("embed_tokens", "lm_head"):
+            tensor = _vocab_rows(model, src, param.shape[0])
+        else:
+            tensor = src[:]
+        _copy(param, tensor, name)
+        loaded.add(name)
+    _check_complete(params, loaded)
+
+
+def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
+    if tuple(param.shape) != tuple(tensor.shape):
+        raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
+    with torch.no_grad():
+        param.copy_(tensor)
+
+
+def _head_rows(model: LlamaForCausalLM, module: str) -> tuple[int, int]:
+    heads = model.layers[0].self_attn.heads
+    d = model.layers[0].self_attn.head_dim
+    if module == "q_proj":
+        return heads.q_lo * d, heads.q_hi * d
+    return heads.kv_lo * d, heads.kv_hi * d
+
+
+def _rows(model: LlamaForCausalLM, module: str, src) -> torch.Tensor:
+    """Column-parallel: this rank's output rows (and the matching bias entries)."""
+    lo, hi = _head_rows(model, module) if module in ("q_proj", "k_proj", "v_proj") \
+        else model.layers[0].mlp.inter_range
+    return src[lo:hi]
+
+
+def _cols(model: LlamaForCausalLM, module: str, src) -> torch.Tensor:
+    """Row-parallel: this rank's input columns."""
+    lo, hi = _head_rows(model, "q_proj") if module == "o_proj" else model.layers[0].mlp.inter_range
+    return src[:, lo:hi]
+
+
+def _bias(model: LlamaForCausalLM, src) -> torch.Tensor:
+    """A row-parallel bias is added once, after the all-reduce sums the ranks: rank 0 holds it."""
+    full = src[:]
+    return full if model.dist.tp.rank == 0 else torch.zeros_like(full)
+
+
+def _vocab_rows(model: LlamaForCausalLM, src, shard: int) -> torch.Tensor:
+    rows = src[model.vocab_lo:model.vocab_hi]
+    if rows.shape[0] < shard:  # the last shard's padding
+        rows = torch.cat((rows, rows.new_zeros(shard - rows.shape[0], *rows.shape[1:])))
+    return rows
+
+
+def _fused_range(model: LlamaForCausalLM, target: str, shard: int) -> tuple[int, int]:
+    if target == "qkv_proj":
+        attn = model.layers[0].self_attn
+        sizes = [attn.q_size, attn.kv_size, attn.kv_size]
+    else:
+        sizes = [model.layers[0].mlp.inter] * 2
+    return sum(sizes[:shard]), sizes[shard]
+
+
+def _check_complete(params: dict[str, torch.Tensor], loaded: set[str]) -> None:
+    expected = set()
+    for name in params:
+        leaf = name.split(".")[-2] if "." in name else name
+        if leaf == "qkv_proj":
+            expected |= {f"{name}#{i}" for i in range(3)}
+        elif leaf == "gate_up_proj":
+            expected |= {f"{name}#{i}" for i in range(2)}
+        else:
+            expected.add(name)
+    missing = sorted(expected - loaded)
+    if missing:
+        raise ValueError(f"checkpoint is missing weights: {missing[:5]}{'...' if len(missing) > 5 else ''}")

@@ -1,0 +1,142 @@
+"""Tensor and pipeline parallelism over gloo: the same greedy output and logits as one process.
+
+Each layout runs on the embedded model (9 query heads over 3 KV heads: an uneven split at
+tp=2), a tiny random model with 4 KV heads, and one with a single KV head (replicated on
+both ranks). Greedy output is compared to tp=1 on 32 prompts; the last position's logits
+must agree to 1e-4 relative.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.executor import ParallelExecutor
+from engine.models.llama import kv_block_bytes
+from engine.runner import prepare
+from tests.conftest import make_prompts
+
+pytestmark = pytest.mark.timeout(900)
+
+MODELS = {
+    "embedded": None,
+    "kv4": dict(num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=False),
+    "kv1": dict(num_attention_heads=4, num_key_value_heads=1),
+}
+LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2)}
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[list[int]]:
+    return [p[: 12 + i] for i, p in enumerate(make_prompts(tokenizer, 32, 44))]  # 12..43 tokens
+
+
+@pytest.fixture(scope="module")
+def model_path(tiny_model_factory, default_model_dir):
+    def path(name: str) -> str:
+        overrides = MODELS[name]
+        return str(default_model_dir if overrides is None else tiny_model_factory(f"par_{name}", **overrides))
+
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(model_path, prompts):
+    """tp=1 results per model, computed once."""
+    done: dict[str, tuple] = {}
+
+    def get(name: str) -> tuple:
+        if name not in done:
+            llm = LLM(model_path(name), dtype="float32")
+            done[name] = (greedy(llm, prompts), last_logits(llm, prompts))
+        return done[name]
+
+    return get
+
+
+def greedy(llm: LLM, prompts) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def last_logits(llm: LLM, prompts) -> torch.Tensor:
+    """The logits of every prompt's last position, straight from the executor (one step)."""
+    engine = llm.engine
+    for i, p in enumerate(prompts):
+        engine.add_request(f"logits-{i}", p, SamplingParams(max_tokens=1))
+    batch = engine.scheduler.schedule()
+    assert len(batch) == len(prompts)
+    step = prepare(batch, engine.kv_manager)
+    engine.executor.submit(step.tensors)
+    logits = engine.executor.result()
+    order = [int(s.request_id.split("-")[1]) for s in step.sampling]
+    for i in range(len(prompts)):
+        engine.abort(f"logits-{i}")
+    assert engine.stats().blocks_used == 0
+    return logits[torch.tensor(order).argsort()]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("model", MODELS)
+def test_parallel_matches_one_process(model, layout, model_path, prompts, reference):
+    want_tokens, want_logits = reference(model)
+    tp, pp = LAYOUTS[layout]
+    with LLM(model_path(model), dtype="float32", tensor_parallel_size=tp, pipeline_parallel_size=pp) as llm:
+        assert isinstance(llm.engine.executor, ParallelExecutor)
+        assert len(llm.engine.executor.procs) == tp * pp - 1
+        got_logits = last_logits(llm, prompts)
+        got_tokens = greedy(llm, prompts)
+        assert llm.stats().blocks_used == 0
+    rel = ((got_logits - want_logits).abs().amax(-1) / want_logits.abs().amax(-1)).max().item()
+    assert rel < 1e-4, f"logits differ by {rel:.2e} relative"
+    same = sum(g == w for g, w in zip(got_tokens, want_tokens))
+    assert same >= 30, f"greedy output matched tp=1 on only {same} of 32 prompts"
+
+
+def test_pipeline_keeps_batches_in_flight_through_preemption_and_chunking(model_path, prompts):
+    """pp=2 with a small token budget (chunked prefill) and too few KV blocks (preemption):
+    two batches are in flight at once, none of their sequences is preempted mid-flight,
+    and the output is still tp=1's."""
+    path = model_path("kv4")
+    from engine.models.loader import load_config, resolve
+
+    block = kv_block_bytes(load_config(resolve(path)), 16, torch.float32)
+    small = dict(dtype="float32", max_num_seqs=16, max_num_batched_tokens=64, max_model_len=128,
+                 kv_cache_memory_bytes=24 * block)
+    ref = greedy(LLM(path, **small), prompts)
+    with LLM(path, pipeline_parallel_size=2, **small) as llm:
+        engine = llm.engine
+        behind = []  # batches still in flight while the oldest one's logits are awaited
+        result = engine.executor.result
+
+        def spy():
+            behind.append(len(engine._inflight))
+            return result()
+
+        engine.executor.result = spy
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+        for i, p in enumerate(prompts):
+            engine.add_request(str(i), p, params)
+        outputs = {}
+        while engine.has_unfinished():
+            for out in engine.step().outputs:
+                if out.finished:
+                    outputs[int(out.request_id)] = out.outputs[0].token_ids
+        stats = llm.stats()
+    assert sum(behind) > len(behind) // 2  # most steps overlap two batches
+    assert stats.num_preemptions > 0
+    assert stats.blocks_used == 0
+    assert sum(outputs[i] == ref[i] for i in range(32)) >= 30
+
+
+def test_sizes_that_cannot_split_are_refused_naming_the_field(model_path):
+    from engine.errors import ParamError
+
+    with pytest.raises(ParamError) as err:
+        LLM(model_path("kv1"), tensor_parallel_size=8)  # 4 query heads
+    assert err.value.param == "tensor_parallel_size"
+    with pytest.raises(ParamError) as err:
+        LLM(model_path("kv1"), pipeline_parallel_size=3)  # 2 layers
+    assert err.value.param == "pipeline_parallel_size"
