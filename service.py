@@ -6,13 +6,15 @@ routes). This file wires them to BentoML: the preset picks the config
 model store (scripts/import_model.py) when the preset names no model and the store
 holds the preset's model_tag, else from the embedded default GGUF. Adaptive batching
 stays off: the engine batches continuously at token granularity, and request-level
-batching in front of it would only add latency. One worker holds the one engine.
+batching in front of it would only add latency. Each worker holds one engine
+(service.workers in the preset, default 1); docs/scaling.md covers replicas.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -23,6 +25,7 @@ import bentoml
 from annotated_types import Ge
 from bentoml.exceptions import BentoMLException, NotFound
 
+from engine import parallel
 from engine.config import EngineConfig
 from engine.models import DEFAULT_MODEL_NAME
 from engine.serving import tracing
@@ -49,6 +52,20 @@ def _stored_model(tag: str) -> bentoml.models.BentoModel | None:
     return bentoml.models.BentoModel(tag)
 
 
+def _claim_cores(workers: int, config: EngineConfig) -> None:
+    """With several workers per replica on the CPU, each worker's engine takes its own share
+    of the cores (the engine process inherits this thread's CPU set and pins its threads
+    within it), so the engines do not fight over the same cores."""
+    if workers < 2 or config.device == "cuda":
+        return
+    index = (bentoml.server_context.worker_index or 1) - 1
+    cores = sorted(os.sched_getaffinity(0))
+    lo, hi = parallel.split(len(cores), workers, index % workers)
+    if hi > lo:
+        os.sched_setaffinity(0, cores[lo:hi])
+        logger.info("worker %d of %d: engine on cores %s", index + 1, workers, cores[lo:hi])
+
+
 def _current_serving() -> OpenAIServing | None:
     try:
         return bentoml.get_current_service().serving
@@ -58,11 +75,12 @@ def _current_serving() -> OpenAIServing | None:
 
 MODEL_REF = _stored_model(PRESET.service.model_tag) if PRESET.engine.model is None else None
 _TRAFFIC = {k: v for k, v in PRESET.service.traffic.model_dump().items() if v is not None}
+_RESOURCES = {k: v for k, v in PRESET.service.resources.model_dump().items() if v is not None}
 
 
 @bentoml.asgi_app(create_app(_current_serving, PRESET.service.max_body_bytes, PRESET.service.request_timeout),
                   path="/")
-@bentoml.service(name="pagedserve", traffic=_TRAFFIC, workers=1)
+@bentoml.service(name="pagedserve", traffic=_TRAFFIC, workers=PRESET.service.workers, resources=_RESOURCES)
 class LLMService:
     if MODEL_REF is not None:
         model_ref = MODEL_REF  # resolved to the stored model (and shipped in the Bento)
@@ -78,6 +96,7 @@ class LLMService:
         served = served or config.model or DEFAULT_MODEL_NAME
         queue = PRESET.service.queue
         limits = QueueLimits(queue.max_waiting_requests, queue.max_waiting_tokens)
+        _claim_cores(PRESET.service.workers, config)
         self.llm = AsyncLLM.start(config, engine_metrics(served), limits)
         aliases = [self.llm.hf_id] if self.llm.hf_id else []  # clients may also name it by its HF id
         self.serving = OpenAIServing(self.llm, served, root or self.llm.model_name, aliases)

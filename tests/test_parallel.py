@@ -140,3 +140,22 @@ def test_sizes_that_cannot_split_are_refused_naming_the_field(model_path):
     with pytest.raises(ParamError) as err:
         LLM(model_path("kv1"), pipeline_parallel_size=3)  # 2 layers
     assert err.value.param == "pipeline_parallel_size"
+
+
+def test_a_worker_dying_while_idle_is_noticed_and_fails_the_next_request(model_path):
+    import os
+    import signal
+    import time
+
+    from engine.executor import WorkerDiedError
+
+    with LLM(model_path("kv1"), tensor_parallel_size=2) as llm:
+        (worker,) = llm.engine.executor.procs
+        os.kill(worker.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while llm.engine.executor.error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(WorkerDiedError, match="engine-rank1"):
+            llm.engine.check_health()
+        with pytest.raises(WorkerDiedError):
+            llm.generate("hello", SamplingParams(max_tokens=4), use_tqdm=False)

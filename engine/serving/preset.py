@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from engine.config import PRESET_DIR, EngineConfig, read_preset
 from engine.errors import ParamError
@@ -27,6 +27,20 @@ class TrafficConfig(BaseModel):
     timeout: float = Field(600.0, gt=0, description="seconds until the first response byte")
     concurrency: int | None = Field(64, ge=1, description="requests a replica is meant to hold at once")
     max_concurrency: int | None = Field(None, ge=1, description="beyond this, requests get 429")
+    external_queue: bool | None = Field(None, description="BentoCloud: hold requests past concurrency in its "
+                                        "queue while it scales out, instead of sending them to a busy replica")
+
+
+class ResourcesConfig(BaseModel):
+    """What one replica asks of its node: BentoCloud picks an instance type from it and
+    scripts/k8s_manifest.py turns it into the pod's requests and limits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpu: str | None = Field(None, description="cores, e.g. \"2\" or \"500m\"")
+    memory: str | None = Field(None, description="e.g. \"8Gi\"")
+    gpu: int | None = Field(None, ge=1, description="GPUs per replica: tensor_parallel_size x pipeline_parallel_size")
+    gpu_type: str | None = Field(None, description="a BentoCloud GPU type, e.g. nvidia-l4 (a hint for the instance)")
 
 
 class QueueConfig(BaseModel):
@@ -55,6 +69,11 @@ class ServiceConfig(BaseModel):
                                           "a client's X-Request-Timeout header may shorten it")
     traffic: TrafficConfig = TrafficConfig()
     queue: QueueConfig = QueueConfig()
+    # Engines per replica: each BentoML worker runs its own engine and KV cache; on the CPU
+    # each takes an equal share of the cores. On GPUs keep 1 (BentoML hands every worker the
+    # same GPUs) and scale with replicas, or split a model with tensor_parallel_size.
+    workers: int = Field(1, ge=1)
+    resources: ResourcesConfig = ResourcesConfig()
 
 
 class ServingPreset(BaseModel):
@@ -62,6 +81,15 @@ class ServingPreset(BaseModel):
 
     engine: EngineConfig
     service: ServiceConfig = ServiceConfig()
+
+    @model_validator(mode="after")
+    def _gpus_cover_the_ranks(self) -> "ServingPreset":
+        ranks = self.engine.tensor_parallel_size * self.engine.pipeline_parallel_size
+        gpus = self.service.resources.gpu
+        if self.engine.device == "cuda" and gpus is not None and gpus < ranks:
+            raise ValueError(f"service.resources.gpu ({gpus}) is less than tensor_parallel_size x "
+                             f"pipeline_parallel_size ({ranks}): each rank needs its own GPU")
+        return self
 
 
 def load_preset(name_or_path: str | os.PathLike | None = None) -> ServingPreset:
