@@ -10,9 +10,12 @@ prefix caching off. Peers:
 Prints output tokens/s per run, the spread of our runs, the ratios and mean KV waste;
 `--profile` adds a per-step breakdown of where our time goes; `--structured` runs the
 workload again with every request held to a JSON schema, for the cost of the grammar.
+`--tp N` / `--pp N` run our engine tensor- or pipeline-parallel over gloo processes and
+then, as the peer, the same engine in one process (`--peer self`).
 
     python scripts/bench_throughput.py --dtype float32 --peer vllm --runs 3
     python scripts/bench_throughput.py --dtype bfloat16 --peer hf --profile
+    python scripts/bench_throughput.py --tp 2 --num-requests 16
 """
 
 from __future__ import annotations
@@ -46,10 +49,11 @@ def workload(n: int, seed: int, vocab: int) -> list[tuple[list[int], int]]:
     return reqs
 
 
-def make_engine(model_dir: str | None, dtype: str, args) -> LLM:
+def make_engine(model_dir: str | None, dtype: str, args, tp: int = 1, pp: int = 1) -> LLM:
     return LLM(model_dir, dtype=dtype, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_bytes=args.kv_bytes,
-               enable_prefix_caching=False, attention_backend=args.backend)
+               enable_prefix_caching=False, attention_backend=args.backend, tensor_parallel_size=tp,
+               pipeline_parallel_size=pp)
 
 
 def run_engine(llm: LLM, reqs) -> float:
@@ -149,7 +153,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="HF dir or GGUF; default: the embedded SmolLM2-135M")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--peer", default="none", choices=["none", "vllm", "hf"])
+    ap.add_argument("--peer", default=None, choices=["none", "vllm", "hf", "self"],
+                    help="default: self with --tp/--pp, else none")
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of our engine")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size of our engine")
     ap.add_argument("--runs", type=int, default=1, help="identical runs of our engine (spread check; 0: peer only)")
     ap.add_argument("--profile", action="store_true", help="per-step breakdown of our engine's time")
     ap.add_argument("--structured", action="store_true", help="also run the workload JSON-schema constrained")
@@ -163,6 +170,8 @@ def main() -> None:
     ap.add_argument("--vllm-reserved-cpus", type=int, default=0, help="cores vLLM keeps off its engine")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    if args.peer is None:
+        args.peer = "self" if args.tp * args.pp > 1 else "none"
 
     files = loader.resolve(args.model)
     config = loader.load_config(files)
@@ -173,11 +182,16 @@ def main() -> None:
 
     results: dict[str, list[float]] = {"engine": []}
     ours, spread, stats = 0.0, 0.0, None
+    if args.peer == "self":  # first: the parallel ranks leave this process's threads pinned to their share
+        single = make_engine(args.model, args.dtype, args)
+        results["engine_tp1_pp1"] = [total_out / run_engine(single, reqs)]
+        print(f"engine in one process: {results['engine_tp1_pp1'][0]:8.1f} tok/s")
+        del single
     if args.runs:
         t0 = time.perf_counter()
-        llm = make_engine(args.model, args.dtype, args)
+        llm = make_engine(args.model, args.dtype, args, args.tp, args.pp)
         print(f"engine start-up {time.perf_counter() - t0:.1f}s, "
-              f"attention backend {llm.engine.resolved.attention_backend}")
+              f"attention backend {llm.engine.resolved.attention_backend}, tp {args.tp} pp {args.pp}")
         for i in range(args.runs):
             results["engine"].append(total_out / run_engine(llm, reqs))
             print(f"engine run {i + 1}: {results['engine'][-1]:8.1f} tok/s")
@@ -196,6 +210,10 @@ def main() -> None:
             run_engine(llm, reqs)
         print(prof.report())
 
+    if args.runs:
+        llm.shutdown()  # the parallel workers give their cores back before any peer runs
+    if args.peer == "self" and ours:
+        print(f"engine tp {args.tp} pp {args.pp} / one process: {ours / results['engine_tp1_pp1'][0]:.2f}x")
     if args.peer == "vllm":
         res = run_vllm(files.path, args.dtype, reqs, args)
         results["vllm"] = [total_out / res["elapsed"]]
@@ -211,7 +229,7 @@ def main() -> None:
             print(f"engine / {peer}: {ours / results[peer][0]:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "dtype": args.dtype, "tokens_per_s": results, "spread": spread,
+            "dtype": args.dtype, "tp": args.tp, "pp": args.pp, "tokens_per_s": results, "spread": spread,
             "kv_waste_mean": stats and stats.kv_waste_mean, "preemptions": stats and stats.num_preemptions,
             "machine": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(),

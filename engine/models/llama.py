@@ -289,8 +289,10 @@ class LlamaForCausalLM(nn.Module):
     def _gather(self, logits: torch.Tensor) -> torch.Tensor | None:
         """The vocabulary shards to tensor rank 0, joined and cut to the true vocabulary."""
         tp = self.dist.tp
-        if tp.size == 1 or logits.shape[0] == 0:  # every rank knows the row count: nothing to send
-            return logits[:, : self.config.vocab_size] if tp.rank == 0 else None
+        if tp.size == 1:
+            return logits
+        if logits.shape[0] == 0:  # every rank knows the row count: nothing to send
+            return logits.new_empty(0, self.config.vocab_size) if tp.rank == 0 else None
         if tp.rank != 0:
             tp.send(logits.contiguous(), 0).wait()
             return None
