@@ -159,3 +159,35 @@ def test_a_worker_dying_while_idle_is_noticed_and_fails_the_next_request(model_p
             llm.engine.check_health()
         with pytest.raises(WorkerDiedError):
             llm.generate("hello", SamplingParams(max_tokens=4), use_tqdm=False)
+
+
+def test_pipeline_sampling_features_and_aborts_in_flight(model_path, prompts):
+    """Under pp=2: seeded n=2 sampling, logprobs and prompt logprobs as in one process; a
+    request aborted while its batch is in flight ends at once, frees its blocks and leaves
+    the others whole."""
+    path = model_path("kv4")
+    params = SamplingParams(temperature=0.8, seed=7, max_tokens=12, n=2, logprobs=2, prompt_logprobs=1)
+    want = LLM(path, dtype="float32").generate(prompts[:8], params, use_tqdm=False)
+    with LLM(path, dtype="float32", pipeline_parallel_size=2) as llm:
+        got = llm.generate(prompts[:8], params, use_tqdm=False)
+        engine = llm.engine
+        for i in range(6):
+            engine.add_request(f"x{i}", prompts[i], SamplingParams(max_tokens=40, ignore_eos=True))
+        while len(engine._inflight) == 0 or not any(s.in_flight for s in engine.scheduler.running):
+            engine.step()
+        aborted = [s.request_id for s in engine.scheduler.running if s.in_flight]
+        for rid in aborted:
+            assert engine.abort(rid).finished
+        done = {}
+        while engine.has_unfinished():
+            for out in engine.step().outputs:
+                if out.finished:
+                    done[out.request_id] = out.outputs[0]
+        assert llm.stats().blocks_used == 0
+    assert aborted and not set(aborted) & set(done)
+    assert all(o.finish_reason == "length" and len(o.token_ids) == 40 for o in done.values())
+    assert len(done) == 6 - len(aborted)
+    for w, g in zip(want, got):
+        assert [c.token_ids for c in w.outputs] == [c.token_ids for c in g.outputs]
+        for a, b in zip(w.prompt_logprobs[1:], g.prompt_logprobs[1:]):
+            assert abs(a.logprob - b.logprob) < 1e-4
