@@ -1,4 +1,5 @@
-"""The engine core: owns the model, the KV cache and the scheduler, and runs one step at a time.
+"""The engine core: owns the KV cache, the scheduler and the executor that runs the model,
+and runs one step at a time.
 
 Single-threaded by design: the serving layer drives it from one thread and funnels
 requests and aborts into it between steps.
@@ -11,60 +12,25 @@ import hashlib
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from engine import parallel
 from engine.config import EngineConfig, ResolvedConfig
 from engine.detokenizer import Detokenizer
 from engine.errors import ParamError
+from engine.executor import create_executor
 from engine.kv_cache_manager import KVCacheManager
 from engine.models import loader
-from engine.outputs import CompletionDelta, CompletionOutput, RequestMetrics, RequestOutput
-from engine.executor import LocalExecutor, ParallelExecutor
-from engine.runner import ModelRunner, StepInput, StepLogits, prepare
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.request import Request
+from engine.runner import StepInput, StepLogits, prepare
 from engine.sampler import Sampler, SamplingRow, TokenLogprobs, make_generator, token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch, Scheduler
 from engine.sequence import Sequence
 from engine.stats import EngineStats, StepStats
 from engine.structured import Grammars
-from engine.worker import WorkerSpec
-
-
-@dataclass(eq=False)
-class Request:
-    """A user request: n sequences that share a prompt, forked once the prompt is computed."""
-
-    request_id: str
-    prompt: str | None
-    params: SamplingParams
-    seqs: list[Sequence]
-    detoks: list[Detokenizer]
-    arrival_time: float
-    pending_forks: int = 0
-    metrics: RequestMetrics = field(init=False)
-    # What each sequence produced since this request's last output, by sequence index.
-    deltas: dict[int, CompletionDelta] = field(default_factory=dict)
-    # Per prompt token, when asked for: None for the first (nothing predicts it), then TokenLogprobs.
-    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
-    prompt_logprobs_sent: bool = False
-
-    def __post_init__(self) -> None:
-        self.metrics = RequestMetrics(self.arrival_time)
-        if self.params.prompt_logprobs is not None:
-            self.prompt_logprobs = [None]
-
-    @property
-    def finished(self) -> bool:
-        return self.pending_forks == 0 and all(s.finished for s in self.seqs)
-
-    def delta(self, seq: Sequence) -> CompletionDelta:
-        if seq.index not in self.deltas:
-            lps = [] if seq.params.logprobs is not None else None
-            self.deltas[seq.index] = CompletionDelta(seq.index, "", [], lps)
-        return self.deltas[seq.index]
 
 
 @dataclass
@@ -101,7 +67,7 @@ class LLMEngine:
         self.kv_manager = KVCacheManager(resolved.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.scheduling_policy)
-        self.executor = _executor(config, resolved, files, hf_config)
+        self.executor = create_executor(config, resolved, files, hf_config)
         self._inflight: deque[tuple[Batch, StepInput]] = deque()  # submitted, logits not yet taken
         self.grammars = Grammars(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed, grammars=self.grammars)
@@ -432,22 +398,6 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> None:
         self.kv_manager.reset_prefix_cache()
-
-
-def _executor(config: EngineConfig, resolved: ResolvedConfig, files: loader.ModelFiles, hf_config
-              ) -> LocalExecutor | ParallelExecutor:
-    dummy = config.load_format == "dummy"
-    fused = resolved.attention_backend == "native"  # the same native build carries the fused ops
-    if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
-        model = loader.build_model(None if dummy else files, hf_config, resolved.dtype, resolved.device,
-                                   max_positions=resolved.max_positions, dummy=dummy, seed=config.seed, fused=fused)
-        return LocalExecutor(ModelRunner(model, resolved.num_blocks, config.block_size, resolved.dtype,
-                                         resolved.device, resolved.attention_backend))
-    spec = WorkerSpec(None if dummy else files, hf_config, resolved.dtype, resolved.device.type,
-                      resolved.max_positions, resolved.num_blocks, config.block_size, resolved.attention_backend,
-                      config.seed, config.tensor_parallel_size, config.pipeline_parallel_size,
-                      parallel.free_port(), timeout_s=600.0)
-    return ParallelExecutor(spec)
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:

@@ -18,6 +18,8 @@ import torch
 import torch.multiprocessing as tmp
 
 from engine import parallel
+from engine.config import EngineConfig, ResolvedConfig
+from engine.models import loader
 from engine.runner import HEADER, NOOP, STOP, ModelRunner, StepTensors
 from engine.worker import WorkerSpec, build, main
 
@@ -188,3 +190,20 @@ class ParallelExecutor:
             if p.is_alive():
                 p.kill()
                 p.join(5)
+
+
+def create_executor(config: EngineConfig, resolved: ResolvedConfig, files: loader.ModelFiles, hf_config
+                    ) -> LocalExecutor | ParallelExecutor:
+    """In this process for tp = pp = 1, else over worker processes."""
+    dummy = config.load_format == "dummy"
+    fused = resolved.attention_backend == "native"  # the same native build carries the fused ops
+    if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
+        model = loader.build_model(None if dummy else files, hf_config, resolved.dtype, resolved.device,
+                                   max_positions=resolved.max_positions, dummy=dummy, seed=config.seed, fused=fused)
+        return LocalExecutor(ModelRunner(model, resolved.num_blocks, config.block_size, resolved.dtype,
+                                         resolved.device, resolved.attention_backend))
+    spec = WorkerSpec(None if dummy else files, hf_config, resolved.dtype, resolved.device.type,
+                      resolved.max_positions, resolved.num_blocks, config.block_size, resolved.attention_backend,
+                      config.seed, config.tensor_parallel_size, config.pipeline_parallel_size,
+                      parallel.free_port(), timeout_s=600.0)
+    return ParallelExecutor(spec)
