@@ -60,7 +60,7 @@ class ParallelExecutor:
     and stops the others, so nothing waits on a dead peer: every later call raises
     WorkerDiedError."""
 
-    def __init__(self, spec: WorkerSpec, start_timeout: float = 600.0) -> None:
+    def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self.layout = parallel.Layout(spec.tp, spec.pp, 0)
         self.depth = spec.pp
