@@ -74,7 +74,7 @@ class ParallelExecutor:
         self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)
         self._watchdog.start()
         try:
-            self.group, self.runner = build(spec, 0)
+            self.group, self.runner = build(spec, 0, self.check)
             for r in range(1, self.layout.world):  # each worker's ready signal
                 self.group.control.recv(torch.empty(1), r)
         except Exception as exc:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -167,11 +169,27 @@ def single() -> Dist:
     return Dist(Layout(), Group(), Group(), Group())
 
 
-def connect(layout: Layout, port: int, backend: str, timeout_s: float) -> Dist:
-    """Join the engine's groups (every rank calls this; rank 0 hosts the store)."""
+def connect(layout: Layout, port: int, backend: str, timeout_s: float,
+            waiting: Callable[[], None] | None = None) -> Dist:
+    """Join the engine's groups (every rank calls this; rank 0 hosts the store).
+
+    Forming a group blocks until every rank joins or the timeout passes, so rank 0 first
+    waits for each worker to check in at the store, calling `waiting` meanwhile: a worker
+    that dies before joining (`waiting` raises) fails the start at once, not at the timeout."""
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore("127.0.0.1", port, layout.world, layout.rank == 0, timeout=timeout,
                           wait_for_workers=False)
+    if layout.rank != 0:
+        store.set(f"joining/{layout.rank}", "1")
+    else:
+        keys = [f"joining/{r}" for r in range(1, layout.world)]
+        deadline = time.monotonic() + timeout_s
+        while not store.check(keys):
+            if waiting is not None:
+                waiting()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"parallel workers did not join within {timeout_s:.0f}s")
+            time.sleep(0.05)
     everyone = list(range(layout.world))
     world = Group(_make(backend, store, layout.rank, layout.world, timeout), layout.rank, layout.world, everyone)
     control = world

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,8 +42,10 @@ class WorkerSpec:
     timeout_s: float
 
 
-def build(spec: WorkerSpec, rank: int) -> tuple[parallel.Dist, ModelRunner]:
-    """Join the groups, then load this rank's slices of the checkpoint (every rank, the driver too)."""
+def build(spec: WorkerSpec, rank: int, waiting: Callable[[], None] | None = None
+          ) -> tuple[parallel.Dist, ModelRunner]:
+    """Join the groups, then load this rank's slices of the checkpoint (every rank, the driver
+    too; the driver passes `waiting`, which raises once a worker has died)."""
     layout = parallel.Layout(spec.tp, spec.pp, rank)
     device = torch.device(spec.device)
     if device.type == "cuda":
@@ -51,7 +54,7 @@ def build(spec: WorkerSpec, rank: int) -> tuple[parallel.Dist, ModelRunner]:
     cores = layout.cores(parallel.visible_cores())
     if cores is not None and device.type == "cpu":
         torch.set_num_threads(len(cores))
-    group = parallel.connect(layout, spec.port, parallel.backend_for(device), spec.timeout_s)
+    group = parallel.connect(layout, spec.port, parallel.backend_for(device), spec.timeout_s, waiting)
     model = loader.build_model(spec.files, spec.hf_config, spec.dtype, device, max_positions=spec.max_positions,
                                dummy=spec.files is None, seed=spec.seed + rank,
                                fused=spec.attention_backend == "native", dist=group)

@@ -191,3 +191,32 @@ def test_pipeline_sampling_features_and_aborts_in_flight(model_path, prompts):
         assert [c.token_ids for c in w.outputs] == [c.token_ids for c in g.outputs]
         for a, b in zip(w.prompt_logprobs[1:], g.prompt_logprobs[1:]):
             assert abs(a.logprob - b.logprob) < 1e-4
+
+
+def test_a_worker_dying_at_start_up_fails_the_engine_start_at_once(model_path):
+    """Killed before it joins the process group: the start fails within seconds, naming the
+    worker, instead of waiting out the group's timeout."""
+    import multiprocessing
+    import os
+    import signal
+    import threading
+    import time
+
+    from engine.executor import WorkerDiedError
+
+    def kill_first_worker():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for child in multiprocessing.active_children():
+                if child.name == "engine-rank1" and child.pid:
+                    os.kill(child.pid, signal.SIGKILL)
+                    return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_first_worker)
+    killer.start()
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match="engine-rank1"):
+        LLM(model_path("kv1"), tensor_parallel_size=2)
+    killer.join()
+    assert time.monotonic() - start < 30
