@@ -71,6 +71,7 @@ class ParallelExecutor:
         for p in self.procs:
             p.start()
         self._closing = False
+        self._threads = torch.get_num_threads()  # rank 0 takes only its share of the cores until close
         self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)
         self._watchdog.start()
         try:
@@ -190,6 +191,7 @@ class ParallelExecutor:
             if p.is_alive():
                 p.kill()
                 p.join(5)
+        torch.set_num_threads(self._threads)
 
 
 def create_executor(config: EngineConfig, resolved: ResolvedConfig, files: loader.ModelFiles, hf_config
