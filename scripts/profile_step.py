@@ -14,6 +14,7 @@ from typing import Any
 
 import torch.nn.functional as F
 
+import engine.engine as engine_module
 import kernels
 from engine.llm import LLM
 from engine.models import packed_linear
@@ -46,8 +47,8 @@ class StepProfile:
             self._wrap(kernels, fn, "attention")
         self._wrap(F, "linear", "gemm")
         self._wrap(packed_linear, "linear", "gemm")
-        self._wrap(eng.runner, "prepare", "input preparation")
-        self._wrap(eng.runner, "model", "model forward")
+        self._wrap(engine_module, "prepare", "input preparation")
+        self._wrap(eng.executor.runner, "model", "model forward")  # rank 0's part under parallelism
         self._wrap(eng, "sampler", "sampler")
         self._wrap(eng, "step", "step")
         return self
