@@ -62,8 +62,11 @@ class ParallelExecutor:
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        self.layout = parallel.Layout(spec.tp, spec.pp, 0)
+        self.layout = lay = parallel.Layout(spec.tp, spec.pp, 0)
         self.depth = spec.pp
+        # The ranks rank 0 sends each step to: its stage's other tensor ranks, then the next stage's first.
+        self._tp_peers = [lay.rank_of(0, r) for r in range(1, lay.tp)]
+        self._next_stage = lay.rank_of(1, 0) if lay.pp > 1 else None
         self.error: str | None = None
         ctx = tmp.get_context("spawn")
         self.procs = [ctx.Process(target=main, args=(r, spec), name=f"engine-rank{r}", daemon=True)
@@ -94,7 +97,7 @@ class ParallelExecutor:
         control, world, lay = self.group.control, self.group.world, self.layout
         with self._lock, self._failures():
             self._last_send = time.monotonic()
-            sends = [(control.send(t, lay.rank_of(0, r)), t) for r in range(1, lay.tp) for t in (header, body)]
+            sends = [(control.send(t, r), t) for r in self._tp_peers for t in (header, body)]
             out = self.runner.forward(step)
             if lay.pp == 1:
                 for work, _ in sends:
@@ -102,7 +105,7 @@ class ParallelExecutor:
                 self._inflight.append((out, None, []))
                 return
             rows = step.logits_indices.shape[0]
-            nxt = lay.rank_of(1, 0)
+            nxt = self._next_stage
             sends += [(control.send(header, nxt), header), (control.send(body, nxt), body),
                       (world.send(out, nxt), out)]
             logits = torch.empty(rows, self.spec.hf_config.vocab_size, dtype=torch.float32, device=out.device)
@@ -159,8 +162,8 @@ class ParallelExecutor:
                 if not self._inflight and not self._closing and self.error is None:
                     self._broadcast(NOOP)
                     self._last_send = time.monotonic()
-            except RuntimeError:
-                pass  # the watchdog reports the death
+            except RuntimeError as exc:  # a dead worker: the watchdog names it; anything else shows here
+                logger.warning("keep-alive to the parallel workers failed: %s", exc)
             finally:
                 self._lock.release()
 
@@ -168,9 +171,8 @@ class ParallelExecutor:
         """A header for every rank this one feeds; the later stages pass it on."""
         header = torch.zeros(HEADER, dtype=torch.int64)
         header[0] = kind
-        lay, control = self.layout, self.group.control
-        peers = [lay.rank_of(0, r) for r in range(1, lay.tp)] + ([lay.rank_of(1, 0)] if lay.pp > 1 else [])
-        for work in [control.send(header, p) for p in peers]:
+        peers = self._tp_peers + ([self._next_stage] if self._next_stage is not None else [])
+        for work in [self.group.control.send(header, p) for p in peers]:
             work.wait()
 
     def close(self, timeout: float = 10.0) -> None:
@@ -183,8 +185,8 @@ class ParallelExecutor:
                     self.result()
                 with self._lock:
                     self._broadcast(STOP)
-            except RuntimeError:
-                pass
+            except RuntimeError as exc:  # the workers are killed below either way
+                logger.warning("parallel workers did not stop cleanly: %s", exc)
         deadline = time.monotonic() + timeout
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
