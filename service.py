@@ -24,12 +24,13 @@ from typing import Annotated, Any
 import bentoml
 from annotated_types import Ge
 from bentoml.exceptions import BentoMLException, NotFound
+from starlette.middleware.cors import CORSMiddleware
 
 from engine import parallel
 from engine.config import EngineConfig
 from engine.models import DEFAULT_MODEL_NAME
 from engine.serving import tracing
-from engine.serving.app import APIKeyMiddleware, create_app
+from engine.serving.app import APIKeyMiddleware, TypedRouteGuard, create_app
 from engine.serving.async_llm import AsyncLLM, QueueLimits
 from engine.serving.errors import to_api_error
 from engine.serving.handlers import OpenAIServing
@@ -151,7 +152,7 @@ class LLMService:
         """Complete a raw prompt, streaming the text as it is generated."""
         req = CompletionRequest(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 seed=seed, stop=stop)
-        async for text in self._typed(lambda: prompt, req):
+        async for text in self._typed(lambda: self.serving.prompt_ids(prompt), req):
             yield text
 
     @bentoml.api(route="/chat")
@@ -162,14 +163,14 @@ class LLMService:
         """Chat with the model's chat template, streaming the reply as it is generated."""
         req = ChatCompletionRequest(messages=messages, max_tokens=max_tokens, temperature=temperature,
                                     top_p=top_p, seed=seed, stop=stop)
-        async for text in self._typed(lambda: self.serving.chat_prompt(req.messages), req):
+        async for text in self._typed(lambda: self.serving.chat_prompt_async(req.messages), req):
             yield text
 
     async def _typed(self, prompt: Any, req: Any) -> AsyncIterator[str]:
         # BentoML awaits the first chunk before answering, so errors here keep their status.
         try:
             params = self.serving.sampling_params(req, req.max_tokens, None, {})
-            async for out in self.llm.generate(prompt(), params):
+            async for out in self.llm.generate(await prompt(), params):
                 for delta in out.deltas:
                     if delta.text:
                         yield delta.text
@@ -178,4 +179,10 @@ class LLMService:
             raise BentoMLException(err.detail.message, error_code=HTTPStatus(err.status)) from None
 
 
+# Starlette runs the first-added middleware outermost: CORS answers preflights and puts its
+# headers on every answer (a 401 too, so a browser can read it), then the key is checked.
+if PRESET.service.cors.allow_origins:
+    LLMService.add_asgi_middleware(CORSMiddleware, **PRESET.service.cors.model_dump())
 LLMService.add_asgi_middleware(APIKeyMiddleware, protect_ops=PRESET.service.protect_ops_routes)
+LLMService.add_asgi_middleware(TypedRouteGuard, max_body_bytes=PRESET.service.max_body_bytes,
+                               request_timeout=PRESET.service.request_timeout)

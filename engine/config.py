@@ -104,6 +104,29 @@ def cpu_has_bf16() -> bool:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where and in what the model runs, known before anything is built. The attention
+    backend is the one asked for, checked against the device; kernels.select_backend
+    turns it into the one that runs, once, where the engine builds its executor."""
+
+    device: torch.device
+    dtype: torch.dtype
+    attention_backend: str
+    max_positions: int  # rotary table length
+
+    @classmethod
+    def resolve(cls, config: EngineConfig, hf_config: Any) -> "Placement":
+        device = _device(config.device)
+        dtype = _dtype(config.dtype, device)
+        _check_backend(config.attention_backend, device)
+        positions = int(getattr(hf_config, "max_position_embeddings", 2048))
+        if config.max_model_len is not None and config.max_model_len > positions:
+            raise ParamError("max_model_len", f"max_model_len ({config.max_model_len}) exceeds the model's "
+                             f"max_position_embeddings ({positions})")
+        return cls(device, dtype, config.attention_backend, positions)
+
+
+@dataclass(frozen=True)
 class ResolvedConfig:
     """The config checked against this machine and this model: what the engine really runs."""
 
@@ -115,21 +138,20 @@ class ResolvedConfig:
     num_blocks: int
 
     @classmethod
-    def resolve(cls, config: EngineConfig, hf_config: Any) -> "ResolvedConfig":
+    def resolve(cls, config: EngineConfig, hf_config: Any, placement: Placement, attention_backend: str,
+                pending_bytes: int = 0) -> "ResolvedConfig":
+        """Size the KV pool. On CUDA without kv_cache_memory_bytes it takes
+        gpu_memory_utilization of the memory free now, less `pending_bytes` of weights that
+        are still to be loaded on this device: call it once the weights are in, as vLLM
+        sizes its pool after the profile run."""
         from engine.models.llama import kv_block_bytes
 
-        device = _device(config.device)
-        dtype = _dtype(config.dtype, device)
-        backend = _backend(config.attention_backend, device)
-        positions = int(getattr(hf_config, "max_position_embeddings", 2048))
-        if config.max_model_len is not None and config.max_model_len > positions:
-            raise ParamError("max_model_len", f"max_model_len ({config.max_model_len}) exceeds the model's "
-                             f"max_position_embeddings ({positions})")
+        device, dtype, positions = placement.device, placement.dtype, placement.max_positions
         window = getattr(hf_config, "sliding_window", None)
         # Under parallelism every rank holds the same number of blocks, of its heads and layers.
         block_bytes = kv_block_bytes(hf_config, config.block_size, dtype, config.tensor_parallel_size,
                                      config.pipeline_parallel_size)
-        num_blocks = _num_blocks(config, device, block_bytes)
+        num_blocks = _num_blocks(config, device, block_bytes, pending_bytes)
         capacity = num_blocks * config.block_size
         max_model_len = config.max_model_len or min(positions, capacity, window or positions)
         if window is not None and getattr(hf_config, "use_sliding_window", True) and max_model_len > window:
@@ -143,7 +165,7 @@ class ResolvedConfig:
                 f"max_model_len ({max_model_len}) needs {-(-max_model_len // config.block_size)} KV blocks but "
                 f"kv_cache_memory_bytes only holds {num_blocks}; raise the memory or lower it",
             )
-        return cls(device, dtype, backend, max_model_len, positions, num_blocks)
+        return cls(device, dtype, attention_backend, max_model_len, positions, num_blocks)
 
 
 def _device(name: str) -> torch.device:
@@ -162,33 +184,34 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _backend(name: str, device: torch.device) -> str:
+def _check_backend(name: str, device: torch.device) -> None:
     if name == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ParamError("attention_backend", "attention_backend triton on the CPU needs TRITON_INTERPRET=1; "
                          "use auto, native or torch")
     if name == "native" and device.type != "cpu":
         raise ParamError("attention_backend", "attention_backend native is the CPU kernel; use triton on cuda")
-    if name in ("auto", "native") and device.type == "cpu":
-        from kernels import cpu
-
-        if cpu.available():  # builds once per machine; warns and falls back without a compiler
-            return "native"
-        if name == "native":
-            raise ParamError("attention_backend", "the native CPU kernel could not be built (see the warning)")
-        return "torch"
-    return name
 
 
-def _num_blocks(config: EngineConfig, device: torch.device, block_bytes: int) -> int:
+def free_device_memory(device: torch.device) -> int:
+    """Bytes free on an accelerator now (tests replace this probe to stand in for a GPU)."""
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def measures_memory(device: torch.device) -> bool:
+    """Whether the KV pool is sized from free device memory rather than a fixed budget."""
+    return device.type == "cuda"
+
+
+def _num_blocks(config: EngineConfig, device: torch.device, block_bytes: int, pending_bytes: int) -> int:
     budget = config.kv_cache_memory_bytes
     if budget is None:
-        if device.type == "cuda":
-            free, _total = torch.cuda.mem_get_info(device)
-            budget = int(free * config.gpu_memory_utilization)
+        if measures_memory(device):
+            budget = int(max(0, free_device_memory(device) - pending_bytes) * config.gpu_memory_utilization)
         else:
             budget = CPU_KV_DEFAULT_BYTES
     num_blocks = budget // block_bytes
     if num_blocks < 1:
         raise ParamError("kv_cache_memory_bytes",
-                         f"kv_cache_memory_bytes ({budget}) is smaller than one KV block ({block_bytes} bytes)")
+                         f"the KV cache budget ({budget} bytes) is smaller than one KV block ({block_bytes} bytes)")
     return num_blocks

@@ -7,6 +7,7 @@ requests and aborts into it between steps.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import hashlib
 import itertools
@@ -16,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.config import EngineConfig, ResolvedConfig
+from engine.config import EngineConfig, Placement
 from engine.detokenizer import Detokenizer
 from engine.errors import ParamError
 from engine.executor import create_executor
@@ -53,21 +54,22 @@ class LLMEngine:
         self.config = config
         files = loader.resolve(config.model)
         hf_config = loader.load_config(files)
-        resolved = ResolvedConfig.resolve(config, hf_config)
-        self.resolved = resolved
-        self.device, self.dtype = resolved.device, resolved.dtype
+        placement = Placement.resolve(config, hf_config)
         self.model_name = config.model or loader.DEFAULT_MODEL_NAME
         self.hf_config = hf_config
         self.tokenizer = loader.load_tokenizer(files)
         self.eos_token_ids = _eos_ids(hf_config, self.tokenizer)
-        self.max_model_len = resolved.max_model_len
         self.sampling_defaults = loader.load_sampling_defaults(files)  # generation_config.json
         self.hf_id = loader.hf_id(files)
 
+        # Builds the model; the KV pool is sized from what is left once the weights are in.
+        self.executor, resolved = create_executor(config, placement, files, hf_config)
+        self.resolved = resolved
+        self.device, self.dtype = resolved.device, resolved.dtype
+        self.max_model_len = resolved.max_model_len
         self.kv_manager = KVCacheManager(resolved.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.scheduling_policy)
-        self.executor = create_executor(config, resolved, files, hf_config)
         self._inflight: deque[tuple[Batch, StepInput]] = deque()  # submitted, logits not yet taken
         self.grammars = Grammars(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed, grammars=self.grammars)
@@ -80,6 +82,10 @@ class LLMEngine:
         # keep it out of the collector's scans, which otherwise stall steps at random.
         gc.collect()
         gc.freeze()
+        # ...but hand them back at exit: extension modules that count their live objects at
+        # teardown (nanobind's, Triton's bindings which torch imports when Triton is installed)
+        # would otherwise print pages of "leaked" lines for objects the collector never saw.
+        atexit.register(gc.unfreeze)
 
     # -- requests -----------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -130,6 +136,7 @@ class LLMEngine:
         for name, ids in params.token_ids_used().items():
             if any(t >= vocab for t in ids):
                 raise ParamError(name, f"{name} names token ids outside the vocabulary [0, {vocab})")
+        self._check_contradictions(params)
         if params.structured is not None:
             self.grammars.compile(params.structured)  # an invalid constraint fails here, alone
         if params.n > self.config.max_num_seqs:
@@ -142,6 +149,21 @@ class LLMEngine:
             [Detokenizer(self.tokenizer, token_ids, params)], now, pending_forks=params.n - 1,
         )
         self.scheduler.add(seq)
+
+    def _check_contradictions(self, params: SamplingParams) -> None:
+        """Refuse up front what could never sample a token: allowed ids that bad_words (or,
+        before min_tokens, the stop and eos tokens) all ban. A grammar's part in it shows only
+        while decoding, where the engine ends the sequence with an error instead."""
+        if params.allowed_token_ids is None:
+            return
+        banned = {ids[0]: "bad_words" for ids in params.bad_words_token_ids or [] if len(ids) == 1}
+        if params.min_tokens > 0:
+            for t in [*self.eos_token_ids, *params.stop_token_ids]:
+                banned.setdefault(t, "min_tokens (stop and eos tokens are banned until it is reached)")
+        if all(t in banned for t in params.allowed_token_ids):
+            why = sorted({banned[t] for t in params.allowed_token_ids})
+            raise ParamError("allowed_token_ids", "every token in allowed_token_ids is banned by "
+                             + " and ".join(why) + ": nothing could be generated")
 
     def _bad_words(self, params: SamplingParams) -> list[list[int]] | None:
         """Each bad word's tokens as it starts the text and as it follows a space, as vLLM."""
@@ -241,13 +263,18 @@ class LLMEngine:
         if len(logit_rows) != len(sampling):
             logits = logits[logit_rows]
         out = self.sampler(logits, rows)
-        stats.generation_tokens = len(row_seqs)
+        no_token = set(out.no_token)
+        stats.generation_tokens = len(row_seqs) - len(no_token)
 
         changed: dict[str, Request] = {}
         now = time.monotonic()
-        for seq, tok, lp in zip(row_seqs, out.token_ids, out.logprobs):
+        for i, (seq, tok, lp) in enumerate(zip(row_seqs, out.token_ids, out.logprobs)):
             req = self.requests[seq.request_id]
-            self._append(seq, req, tok, lp, now)
+            if i in no_token:
+                self._end(seq, req, f"no token is left to sample: {_constraints(seq.params)} exclude every token "
+                          f"after {seq.num_output_tokens} generated")
+            else:
+                self._append(seq, req, tok, lp, now)
             changed[req.request_id] = req
         return [self._output(r) for r in changed.values()]
 
@@ -301,7 +328,10 @@ class LLMEngine:
             req.metrics.first_scheduled_time = seq.first_scheduled_time
         params = seq.params
         detok = req.detoks[seq.index]
-        grammar_done = seq.matcher is not None and (not seq.matcher.accept(tok) or seq.matcher.done)
+        if seq.matcher is not None and not seq.matcher.accept(tok):  # the mask allowed it: never expected
+            self._end(seq, req, "the structured-output grammar refused the sampled token")
+            return
+        grammar_done = seq.matcher is not None and seq.matcher.done
         if not params.ignore_eos and tok in self.eos_token_ids:
             seq.finish_reason = "stop"
         elif tok in params.stop_token_ids:
@@ -322,6 +352,15 @@ class LLMEngine:
             delta.finish_reason, delta.stop_reason = seq.finish_reason, seq.stop_reason
             self.scheduler.finish(seq)
 
+    def _end(self, seq: Sequence, req: Request, why: str) -> None:
+        """End a sequence whose own constraints leave it nothing valid to generate: an
+        "abort" with the reason, never a made-up token."""
+        seq.finish_reason, seq.error = "abort", why
+        delta = req.delta(seq)
+        delta.text += req.detoks[seq.index].flush()
+        delta.finish_reason, delta.error = "abort", why
+        self.scheduler.finish(seq)
+
     def _output(self, req: Request) -> RequestOutput:
         """The request's state now, with the deltas gathered since its last output."""
         finished = req.finished
@@ -331,7 +370,7 @@ class LLMEngine:
         outs = [
             CompletionOutput(s.index, d.text, s.output_token_ids, s.finish_reason, s.stop_reason,
                              list(s.logprobs) if s.params.logprobs is not None else None,
-                             req.deltas.get(s.index))
+                             req.deltas.get(s.index), s.error)
             for s, d in zip(req.seqs, req.detoks)
         ]
         req.deltas = {}
@@ -403,6 +442,15 @@ class LLMEngine:
 def encode_prompt(tokenizer, text: str) -> list[int]:
     """A text prompt's token ids, special tokens (BOS) included, as transformers adds them."""
     return tokenizer.encode(text, add_special_tokens=True)
+
+
+def _constraints(params: SamplingParams) -> str:
+    """The request's fields that ban tokens, for an error that says which to change."""
+    names = [name for name, on in (("allowed_token_ids", params.allowed_token_ids is not None),
+                                   ("bad_words", bool(params.bad_words)),
+                                   ("min_tokens", params.min_tokens > 0),
+                                   ("the structured-output constraint", params.structured is not None)) if on]
+    return ", ".join(names) or "the request's constraints"
 
 
 def _eos_ids(config, tokenizer) -> list[int]:

@@ -17,8 +17,8 @@ from collections import deque
 import torch
 import torch.multiprocessing as tmp
 
-from engine import parallel
-from engine.config import EngineConfig, ResolvedConfig
+from engine import parallel, spawn
+from engine.config import EngineConfig, Placement, ResolvedConfig, measures_memory
 from engine.models import loader
 from engine.runner import HEADER, NOOP, STOP, ModelRunner, StepTensors
 from engine.worker import WorkerSpec, build, main
@@ -72,7 +72,7 @@ class ParallelExecutor:
         self.procs = [ctx.Process(target=main, args=(r, spec), name=f"engine-rank{r}", daemon=True)
                       for r in range(1, self.layout.world)]
         for p in self.procs:
-            p.start()
+            spawn.start(p)  # never re-runs the user's script in the worker
         self._closing = False
         self._threads = torch.get_num_threads()  # rank 0 takes only its share of the cores until close
         self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)
@@ -196,18 +196,28 @@ class ParallelExecutor:
         torch.set_num_threads(self._threads)
 
 
-def create_executor(config: EngineConfig, resolved: ResolvedConfig, files: loader.ModelFiles, hf_config
-                    ) -> LocalExecutor | ParallelExecutor:
-    """In this process for tp = pp = 1, else over worker processes."""
+def create_executor(config: EngineConfig, placement: Placement, files: loader.ModelFiles, hf_config
+                    ) -> tuple[LocalExecutor | ParallelExecutor, ResolvedConfig]:
+    """In this process for tp = pp = 1, else over worker processes; with the config
+    resolved against the model as loaded. The attention backend is chosen (and the native
+    kernel built) here, once. A KV pool sized from free device memory is sized after this
+    process has loaded its weights; the workers' own are counted from the config."""
+    import kernels
+
+    backend = kernels.select_backend(placement.attention_backend, placement.device)
     dummy = config.load_format == "dummy"
-    fused = resolved.attention_backend == "native"  # the same native build carries the fused ops
+    fused = backend == "native"  # the same native build carries the fused ops
     if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
-        model = loader.build_model(None if dummy else files, hf_config, resolved.dtype, resolved.device,
-                                   max_positions=resolved.max_positions, dummy=dummy, seed=config.seed, fused=fused)
+        model = loader.build_model(None if dummy else files, hf_config, placement.dtype, placement.device,
+                                   max_positions=placement.max_positions, dummy=dummy, seed=config.seed, fused=fused)
+        resolved = ResolvedConfig.resolve(config, hf_config, placement, backend)
         return LocalExecutor(ModelRunner(model, resolved.num_blocks, config.block_size, resolved.dtype,
-                                         resolved.device, resolved.attention_backend))
+                                         resolved.device, backend)), resolved
+    ranks = config.tensor_parallel_size * config.pipeline_parallel_size
+    pending = loader.weight_bytes(hf_config, placement.dtype) // ranks if measures_memory(placement.device) else 0
+    resolved = ResolvedConfig.resolve(config, hf_config, placement, backend, pending)
     spec = WorkerSpec(None if dummy else files, hf_config, resolved.dtype, resolved.device.type,
-                      resolved.max_positions, resolved.num_blocks, config.block_size, resolved.attention_backend,
+                      resolved.max_positions, resolved.num_blocks, config.block_size, backend,
                       config.seed, config.tensor_parallel_size, config.pipeline_parallel_size,
                       parallel.free_port(), timeout_s=600.0)
-    return ParallelExecutor(spec)
+    return ParallelExecutor(spec), resolved

@@ -16,6 +16,7 @@ class CompletionDelta:
     logprobs: list[Any] | None  # engine.sampler.TokenLogprobs per new token, when asked for
     finish_reason: str | None = None  # set on the one delta that finishes the sequence
     stop_reason: int | str | None = None
+    error: str | None = None  # why a sequence ended with "abort" when the engine ended it
 
     def extend(self, later: CompletionDelta) -> None:
         """Fold a later delta of the same sequence into this one (a reader that fell behind)."""
@@ -24,7 +25,7 @@ class CompletionDelta:
         if self.logprobs is not None and later.logprobs is not None:
             self.logprobs += later.logprobs
         if later.finish_reason is not None:
-            self.finish_reason, self.stop_reason = later.finish_reason, later.stop_reason
+            self.finish_reason, self.stop_reason, self.error = later.finish_reason, later.stop_reason, later.error
 
 
 @dataclass
@@ -38,6 +39,7 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop string or stop token that matched
     logprobs: list[Any] | None = None  # engine.sampler.TokenLogprobs per token
     delta: CompletionDelta | None = None  # None when the sequence did not change this step
+    error: str | None = None  # set with finish_reason "abort" when the request's own constraints ended it
 
     @property
     def finished(self) -> bool:

@@ -8,7 +8,7 @@ request generates does not depend on whatever else shares its batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,6 +39,9 @@ class TokenLogprobs:
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]  # None where params.logprobs is None
+    # Rows whose constraints left every token at -inf: their token_ids entry is meaningless
+    # (argmax of all -inf is token 0), and the engine must end them instead of appending it.
+    no_token: list[int] = field(default_factory=list)
 
 
 def make_generator(seed: int) -> torch.Generator:
@@ -80,7 +83,18 @@ class Sampler:
             tokens[idx] = self._sample(x[idx], picked)
 
         token_ids = tokens.tolist()
-        return SamplerOutput(token_ids, compute_logprobs(logits, rows, token_ids))
+        return SamplerOutput(token_ids, compute_logprobs(logits, rows, token_ids), self._no_token(x, rows))
+
+    def _no_token(self, x: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
+        """The rows where nothing is left to sample. Only constraints that ban tokens
+        outright can get there, so only their rows are looked at."""
+        maybe = [i for i, r in enumerate(rows)
+                 if r.matcher is not None or r.params.allowed_token_ids is not None or r.params.bad_words_token_ids
+                 or len(r.output_token_ids) < r.params.min_tokens]
+        if not maybe:
+            return []
+        dead = torch.isneginf(x[torch.tensor(maybe, device=x.device)]).all(dim=-1).tolist()
+        return [i for i, d in zip(maybe, dead) if d]
 
     def _mask_min_tokens(self, x: torch.Tensor, rows: list[SamplingRow]) -> None:
         """Ban eos and stop tokens until a row has generated min_tokens."""

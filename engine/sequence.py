@@ -39,6 +39,7 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None
+    error: str | None = None  # why the engine ended it ("abort"): no token was left to sample
     logprobs: list = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
     num_preemptions: int = 0

@@ -25,6 +25,26 @@ __all__ = ["store_kv", "paged_attention", "paged_attention_decode", "paged_atten
 _BACKENDS = ("auto", "torch", "triton", "native")
 
 
+def select_backend(name: str, device: torch.device) -> str:
+    """The attention backend that will run, decided once per engine: "auto" is Triton on
+    CUDA and, on the CPU, the native kernel when it builds (here, once per machine; without
+    a compiler it warns and the torch path runs). Asking for "native" where it cannot be
+    built is an error rather than a silent fallback."""
+    from engine.errors import ParamError
+
+    if name in ("auto", "native") and device.type == "cpu":
+        from kernels import cpu
+
+        if cpu.available():
+            return "native"
+        if name == "native":
+            raise ParamError("attention_backend", "the native CPU kernel could not be built (see the warning)")
+        return "torch"
+    if name == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    return name
+
+
 def _use_triton(backend: str, t: torch.Tensor) -> bool:
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")

@@ -31,7 +31,9 @@ service:
   model_tag: smollm2-135m-instruct
   queue: {max_waiting_requests: 56, max_waiting_tokens: 16384}  # the soak's opening burst of 64 passes it
   traffic: {timeout: 300, concurrency: 96}
+  cors: {allow_origins: ["https://app.example"]}
 """
+ORIGIN = "https://app.example"
 
 
 def offline_env(home: Path) -> dict[str, str]:

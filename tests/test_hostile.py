@@ -1,6 +1,7 @@
-"""Hostile request bodies against the OpenAI app in-process (a tiny random model on a
-thread core): every one gets a normal answer or a 4xx with OpenAI's error object, never
-a 5xx, and the engine is left with every KV block free."""
+"""Hostile request bodies against the OpenAI app in-process, with the engine core on a
+thread and in its own process (as the service runs it): every one gets a normal answer or
+a 4xx with OpenAI's error object, never a 5xx, and the engine is left with every KV block
+free and no request in flight."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ VALID = {
 MAX_BODY = 64 << 10
 
 
-@pytest.fixture(scope="module")
-def app(tiny_model_factory):
+@pytest.fixture(scope="module", params=["thread", "process"])
+def app(request, tiny_model_factory):
     from starlette.testclient import TestClient
 
     from engine.config import EngineConfig
@@ -34,11 +35,21 @@ def app(tiny_model_factory):
 
     cfg = EngineConfig.create(model=str(tiny_model_factory("hostile-tiny")), device="cpu", dtype="float32",
                               max_num_seqs=8, max_model_len=64, kv_cache_memory_bytes=64 * 8192)
-    llm = AsyncLLM(LLMEngine(cfg))
+    llm = AsyncLLM(LLMEngine(cfg)) if request.param == "thread" else AsyncLLM.start(cfg)
     serving = OpenAIServing(llm, "tiny")
     with TestClient(create_app(lambda: serving, max_body_bytes=MAX_BODY), raise_server_exceptions=False) as tc:
         yield tc, llm
     llm.shutdown()
+
+
+def settled(llm, timeout: float = 10.0) -> bool:
+    """No request in flight, once the aborts that cleanups sent have landed."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while llm.num_in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return llm.num_in_flight == 0
 
 
 def check(response) -> None:
@@ -64,6 +75,14 @@ CASES = [
     (b'{"prompt": "hi", "max_tokens": 9223372036854775807}', "max_tokens"),
     (b'{"prompt": [1, 2, 99999999999]}', "prompt"),
     (b'{"prompt": {"nested": ["wrong", {"type": true}]}}', "prompt"),
+    (b'{"prompt": "hi", "logit_bias": {"18446744073709551616": 1}}', "logit_bias"),
+    (b'{"prompt": "hi", "logit_bias": {"49152": 1}}', "logit_bias"),
+    (b'{"prompt": "hi", "logit_bias": {"' + b"9" * 5000 + b'": 1}}', "logit_bias"),
+    (b'{"prompt": "hi", "allowed_token_ids": [9223372036854775807]}', "allowed_token_ids"),
+    (b'{"prompt": "hi", "stop_token_ids": [49152]}', "stop_token_ids"),
+    (b'{"prompt": "hi", "guided_json": "' + b"[" * 20000 + b"]" * 20000 + b'"}', "guided_json"),
+    (b'{"prompt": "hi", "structured_outputs": {"json": "' + b'{\\"a\\":' * 70 + b"1" + b"}" * 70 + b'"}}',
+     "structured_outputs"),
     (b'"just a string"', None),
     (b"", None),
 ]
@@ -80,6 +99,22 @@ def test_named_hostile_bodies_are_400s(app, route, body, param):
         assert r.json()["error"]["param"] == param
 
 
+DEEP_ARGS = "[" * 20000 + "]" * 20000
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/tokenize"])
+def test_deep_tool_arguments_in_the_history_are_400s(app, route):
+    tc, llm = app
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": DEEP_ARGS}}
+    body = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}]}
+    if route != "/tokenize":
+        body["max_tokens"] = 2
+    r = tc.post(route, json=body)
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments"
+    assert settled(llm)
+
+
 def test_a_body_past_the_limit_is_a_413(app):
     tc, _ = app
     big = json.dumps({"prompt": "x" * MAX_BODY}).encode()
@@ -91,14 +126,44 @@ def test_a_body_past_the_limit_is_a_413(app):
 
 
 # -- generated bodies ---------------------------------------------------------------------------
-scalars = (st.none() | st.booleans() | st.integers() | st.integers(min_value=-(2**70), max_value=2**70)
-           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20)
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+big_ints = st.integers(min_value=2**63 - 3, max_value=2**63 + 3) | st.integers(min_value=2**64 - 3,
+                                                                               max_value=2**64 + 3)
+scalars = (st.none() | st.booleans() | st.integers() | st.integers(min_value=-(2**70), max_value=2**70) | big_ints
+           | st.integers(min_value=10**30, max_value=10**300)
+           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=200)
+           | st.builds(_deep, st.integers(min_value=60, max_value=20000))  # JSON text nested past any bound
            | st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3))
+keys = st.text(max_size=10) | st.text(min_size=100, max_size=2000) | st.integers(min_value=0).map(str)
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                      | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=20)
+                      | st.dictionaries(keys, inner, max_size=4), max_leaves=20)
 FIELDS = ["model", "prompt", "messages", "max_tokens", "n", "temperature", "top_p", "stop", "seed", "stream",
           "logprobs", "top_logprobs", "logit_bias", "response_format", "tools", "tool_choice", "tokens", "echo",
-          "stream_options", "structured_outputs", "bad_words", "prompt_logprobs", "min_tokens", "top_k"]
+          "stream_options", "structured_outputs", "bad_words", "prompt_logprobs", "min_tokens", "top_k",
+          "allowed_token_ids", "stop_token_ids", "guided_json", "guided_regex", "guided_choice", "guided_grammar"]
+
+
+def _json_string_fields(route: str, text: str) -> list[dict]:
+    """Bodies that carry `text` in every field whose value is itself JSON (or a grammar):
+    tool-call arguments in the history, schemas sent as text, tool parameter schemas."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": text}}
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "c1", "content": text}]
+    base = VALID[route]
+    bodies = [{**base, "messages": history}] if route in ("/v1/chat/completions", "/tokenize") else []
+    if route in ("/v1/chat/completions", "/v1/completions"):
+        bodies += [{**base, "guided_json": text}, {**base, "structured_outputs": {"json": text}},
+                   {**base, "guided_regex": text}, {**base, "guided_grammar": text}]
+    if route == "/v1/chat/completions":
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+            "x": {"type": "string", "description": text}}}}}
+        bodies += [{**base, "tools": [tool], "tool_choice": "required"},
+                   {**base, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                       "type": "object", "description": text}}}}]
+    return bodies
 
 
 def _dump(body) -> bytes:
@@ -111,10 +176,24 @@ def _dump(body) -> bytes:
 @given(route=st.sampled_from(ROUTES), field=st.sampled_from(FIELDS), value=values,
        whole=st.booleans(), ascii_escapes=st.booleans())
 def test_generated_bodies_never_get_a_5xx(app, route, field, value, whole, ascii_escapes):
-    tc, _ = app
+    tc, llm = app
     body = value if whole else {**VALID[route], field: value}
     raw = json.dumps(body, allow_nan=True).encode() if ascii_escapes else _dump(body)
     check(tc.post(route, content=raw, headers={"Content-Type": "application/json"}))
+    assert settled(llm)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(route=st.sampled_from(ROUTES[:3]), text=st.one_of(
+    st.builds(_deep, st.integers(min_value=1, max_value=20000)),
+    st.builds(lambda d: '{"a":' * d + "1" + "}" * d, st.integers(min_value=1, max_value=5000)),
+    st.text(max_size=300), st.sampled_from(['{"name": "f"}', "[1e999]", '{"x": NaN}', '"\\ud800"', "{" * 3])))
+def test_json_text_inside_fields_never_gets_a_5xx(app, route, text):
+    tc, llm = app
+    for body in _json_string_fields(route, text):
+        check(tc.post(route, content=_dump(body), headers={"Content-Type": "application/json"}))
+    assert settled(llm)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -125,10 +204,26 @@ def test_random_bytes_never_get_a_5xx(app, route, raw):
 
 
 def test_the_engine_is_left_clean(app):
+    """Its own mix of bad bodies, refused requests, cut streams and good requests, then
+    nothing may be left: no block used, nothing running or waiting, no stream open."""
+    import time
+
     tc, llm = app
+    for body, _ in CASES:
+        tc.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+    for body in _json_string_fields("/v1/chat/completions", _deep(3000)):
+        tc.post("/v1/chat/completions", json=body)
+    tc.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2000})  # longer than max_model_len
+    with tc.stream("POST", "/v1/completions", json={"prompt": "hi", "max_tokens": 40, "ignore_eos": True,
+                                                    "stream": True}) as r:
+        next(r.iter_lines())  # hang up after the first event
     assert tc.post("/v1/chat/completions", json=VALID["/v1/chat/completions"]).status_code == 200
+    deadline = time.monotonic() + 10
+    while tc.get("/stats").json()["blocks_used"] and time.monotonic() < deadline:
+        time.sleep(0.05)
     stats = tc.get("/stats").json()
     assert stats["blocks_used"] == 0 and stats["num_running"] == 0 and stats["num_waiting"] == 0
+    assert settled(llm)
 
 
 def test_a_full_queue_is_a_429_with_retry_after(app):
@@ -149,13 +244,33 @@ def test_a_full_queue_is_a_429_with_retry_after(app):
         llm.admission = saved
 
 
-def test_each_request_is_one_span_that_joins_the_callers_trace(app):
+@pytest.fixture(scope="module")
+def thread_app(tiny_model_factory):
+    """The engine on a thread, so a test can slow its steps down."""
+    from starlette.testclient import TestClient
+
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from engine.serving.app import create_app
+    from engine.serving.async_llm import AsyncLLM
+    from engine.serving.handlers import OpenAIServing
+
+    cfg = EngineConfig.create(model=str(tiny_model_factory("hostile-tiny")), device="cpu", dtype="float32",
+                              max_num_seqs=8, max_model_len=64, kv_cache_memory_bytes=64 * 8192)
+    llm = AsyncLLM(LLMEngine(cfg))
+    serving = OpenAIServing(llm, "tiny")
+    with TestClient(create_app(lambda: serving, max_body_bytes=MAX_BODY)) as tc:
+        yield tc, llm
+    llm.shutdown()
+
+
+def test_each_request_is_one_span_that_joins_the_callers_trace(thread_app):
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    tc, _ = app
+    tc, _ = thread_app
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -183,10 +298,10 @@ def test_each_request_is_one_span_that_joins_the_callers_trace(app):
     assert all(s.parent is None and s.context.trace_id != chat.context.trace_id for s in others)
 
 
-def test_a_request_past_its_deadline_is_aborted_with_a_clear_error(app):
+def test_a_request_past_its_deadline_is_aborted_with_a_clear_error(thread_app):
     import time
 
-    tc, llm = app
+    tc, llm = thread_app
     step = llm.engine.step
 
     def slow_step():

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from engine import LLM, EngineConfig, SamplingParams
@@ -187,3 +188,42 @@ def test_without_a_compiler_the_engine_warns_once_and_keeps_the_torch_path(tiny_
     with pytest.raises(ValueError, match="could not be built") as err:
         LLM(path, device="cpu", attention_backend="native", **SMALL)
     assert err.value.param == "attention_backend"
+
+
+def test_a_pool_sized_from_device_memory_counts_the_weights_as_loaded(tiny_model_factory, monkeypatch):
+    """config/gpu.yaml promises gpu_memory_utilization of the memory free *after* loading. A
+    fake device probe stands in for a GPU: it reports 64 MiB less what the model built so far
+    holds, so a pool sized before loading would be larger by the weights."""
+    from engine import config as cfg
+    from engine import executor
+    from engine.models import loader
+    from engine.models.llama import kv_block_bytes
+
+    path = tiny_model_factory("probe-tiny", vocab_size=49152, hidden_size=256, intermediate_size=512)
+    total, held = 64 << 20, []
+    build = loader.build_model
+
+    def counting_build(*args, **kwargs):
+        model = build(*args, **kwargs)
+        held.append(sum(p.numel() * p.element_size() for p in model.parameters()))
+        return model
+
+    monkeypatch.setattr(loader, "build_model", counting_build)
+    monkeypatch.setattr(cfg, "measures_memory", lambda device: True)
+    monkeypatch.setattr(executor, "measures_memory", lambda device: True)
+    monkeypatch.setattr(cfg, "free_device_memory", lambda device: total - sum(held))
+    llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=128, gpu_memory_utilization=0.5)
+    weights = held[0]
+    assert weights > 40 << 20  # the weights are most of the fake device
+    block = kv_block_bytes(llm.engine.hf_config, 16, torch.float32)
+    assert llm.engine.resolved.num_blocks == int((total - weights) * 0.5) // block
+    assert len(greedy_ids(llm, ["hi"])[0]) == 8
+
+
+def test_weight_bytes_from_the_config_match_the_built_model(default_model_dir):
+    from engine.models import loader
+    from engine.models.llama import LlamaForCausalLM
+
+    config = loader.load_config(loader.resolve(None))
+    model = LlamaForCausalLM(config, 64, None)
+    assert loader.weight_bytes(config, torch.float32) == sum(p.numel() * 4 for p in model.parameters())

@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from tests.served import BIN, CHAT, HF_ID, KEY, MODEL, MODEL_TAG, ROOT, offline_env
+from tests.served import BIN, CHAT, HF_ID, KEY, MODEL, MODEL_TAG, ORIGIN, ROOT, offline_env
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -264,6 +264,32 @@ def test_api_key_is_required_on_v1(server):
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
     assert httpx.get(f"{server.url}/health").status_code == 200
     assert httpx.get(f"{server.url}/metrics").status_code == 200
+
+
+def test_tokenizer_routes_need_the_key_too(server):
+    for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1, 2]})):
+        r = httpx.post(f"{server.url}{path}", json=body)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.post(f"{server.url}{path}", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
+def test_a_browser_preflight_passes_and_the_request_it_announces_needs_the_key(server):
+    """A real preflight, as a browser on an allowed origin sends it, against the real app."""
+    asks = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"}
+    r = httpx.options(f"{server.url}/v1/chat/completions", headers=asks)
+    assert r.status_code == 200, r.text
+    assert r.headers["access-control-allow-origin"] == ORIGIN
+    assert "POST" in r.headers["access-control-allow-methods"]
+    assert "authorization" in r.headers["access-control-allow-headers"].lower()
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 2}
+    denied = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers={"Origin": ORIGIN})
+    assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == ORIGIN
+    ok = httpx.post(f"{server.url}/v1/chat/completions", json=body,
+                    headers={"Origin": ORIGIN, "Authorization": f"Bearer {KEY}"}, timeout=120)
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == ORIGIN
+    other = httpx.options(f"{server.url}/v1/chat/completions", headers={**asks, "Origin": "https://evil.example"})
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
 
 
 # -- concurrency, disconnects and metrics -------------------------------------------------------

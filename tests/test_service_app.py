@@ -92,16 +92,33 @@ def test_api_key_middleware_is_open_without_a_key(monkeypatch):
     assert locked.get("/v1/models").status_code == 401
     assert locked.get("/v1/models", headers={"Authorization": "Bearer k"}).status_code == 200
     assert locked.get("/health").status_code == 200
-    # several keys (rotation), CORS preflights, and the ops routes behind the key on request
+    # several keys (rotation) and the ops routes behind the key on request
     monkeypatch.setenv("LLM_API_KEY", "old-key, new-key")
     rotated = TestClient(APIKeyMiddleware(inner, protect_ops=True))
     for key in ("old-key", "new-key"):
         assert rotated.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
     assert rotated.get("/v1/models", headers={"Authorization": "Bearer old-key, new-key"}).status_code == 401
-    assert rotated.options("/v1/models", headers={"Origin": "https://app.example",
-                                                  "Access-Control-Request-Method": "POST"}).status_code != 401
     assert rotated.get("/stats").status_code == 401 and rotated.get("/metrics").status_code == 401
     assert locked.get("/stats").status_code != 401  # open unless the preset protects it
+
+
+def test_a_non_ascii_key_matches_as_the_utf8_bytes_a_client_sends(monkeypatch):
+    from starlette.testclient import TestClient
+
+    from engine.serving.app import APIKeyMiddleware, create_app
+
+    monkeypatch.setenv("LLM_API_KEY", "clé-секрет")
+    tc = TestClient(APIKeyMiddleware(create_app(lambda: None)))
+    right = "Bearer clé-секрет".encode()
+    assert tc.get("/v1/models", headers={"Authorization": right}).status_code == 503  # past the key: no engine
+    assert tc.get("/v1/models", headers={"Authorization": "Bearer clé-секрет".encode("latin-1", "replace")}
+                  ).status_code == 401
+    assert tc.get("/v1/models", headers={"Authorization": b"Bearer cl\xe9"}).status_code == 401
+    # a preflight is never refused by the key check; without CORS configured the app says 405
+    r = tc.options("/v1/chat/completions", headers={"Origin": "https://app.example",
+                                                    "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert tc.post("/tokenize", json={"prompt": "hi"}).status_code == 401
 
 
 def test_unset_sampling_fields_take_the_models_generation_config(tiny_model_factory):

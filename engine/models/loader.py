@@ -193,3 +193,14 @@ def build_model(
     if fused and device.type == "cpu":
         model.use_fused_ops()
     return model
+
+
+def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int:
+    """The bytes a Llama-family model's weights take in `dtype`, from its config alone:
+    what a rank still to load will take of its device, before any of it exists."""
+    h, v, inter = config.hidden_size, config.vocab_size, config.intermediate_size
+    hd = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
+    layer = h * q + 2 * h * kv + q * h + 3 * h * inter + 2 * h
+    embeds = v * h * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    return (embeds + config.num_hidden_layers * layer + h) * torch.empty((), dtype=dtype).element_size()

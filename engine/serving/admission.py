@@ -9,9 +9,14 @@ which the HTTP layer answers with 429 and Retry-After, rather than queued withou
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class QueueFullError(Exception):
@@ -61,3 +66,30 @@ class Admission:
     def retry_after(self) -> float:
         """A rough wait: a second per 2,048 waiting prompt tokens, at least one."""
         return float(max(1, math.ceil(self.tokens / 2048)))
+
+
+class Offload:
+    """Tokenizer work off the event loop, bounded. A chat template over a multi-megabyte
+    body takes long enough to stall every stream the loop serves, so large inputs are
+    tokenized on threads, at most `workers` at once; past `max_waiting` waiting for one a
+    request is refused with QueueFullError (429) rather than queued without limit. Small
+    inputs stay on the loop, where they cost less than the hop to a thread."""
+
+    def __init__(self, workers: int = 2, max_waiting: int = 32, threshold: int = 32 << 10) -> None:
+        self.threshold = threshold  # characters of input from which the work leaves the loop
+        self.max_waiting = max_waiting
+        self.waiting = 0
+        self._slots = asyncio.Semaphore(workers)
+
+    async def run(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+        if size < self.threshold:
+            return fn(*args)
+        if self.waiting >= self.max_waiting:
+            raise QueueFullError(f"the server is at capacity: {self.waiting} large inputs are already waiting to "
+                                 "be tokenized; retry later", 1.0)
+        self.waiting += 1
+        try:
+            async with self._slots:
+                return await asyncio.to_thread(fn, *args)
+        finally:
+            self.waiting -= 1

@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.serving import tracing
+from engine.serving import jsontext, tracing
 from engine.serving.errors import APIError, bad_request, to_api_error
 from engine.serving.handlers import OpenAIServing
 from engine.serving.openapi import openapi_document
@@ -38,7 +38,9 @@ from engine.serving.protocol import (
 logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "LLM_API_KEY"
-PROTECTED_PREFIXES = ("/v1/", "/generate", "/chat")  # everything that spends the model's time
+# Everything that spends the model's or the tokenizer's time (vLLM leaves /tokenize open; a
+# chat template over an 8 MiB body is work enough to stall a server, so here it needs the key).
+PROTECTED_PREFIXES = ("/v1/", "/generate", "/chat", "/tokenize", "/detokenize")
 OPS_PREFIXES = ("/stats", "/metrics")  # behind the key too when the preset says so
 DEADLINE_HEADER = "X-Request-Timeout"  # seconds; a client's own deadline for one request
 
@@ -50,25 +52,11 @@ def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
-MAX_DEPTH = 64  # deeper than any real request (a JSON schema included), and far from RecursionError
-INT64 = range(-(2**63), 2**63)
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
 def parse(body: bytes, model: type[BaseModel]) -> Any:
     """JSON and schema errors become OpenAI 400s naming the offending field."""
-    try:
-        data = json.loads(body, parse_constant=_no_constants)
-    except ValueError as exc:  # bad JSON, bad UTF-8, NaN or Infinity
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise bad_request(f"the request body is nested deeper than {MAX_DEPTH} levels") from None
+    data = jsontext.loads(body)
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
-    _check_values(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -78,36 +66,6 @@ def parse(body: bytes, model: type[BaseModel]) -> Any:
             raise bad_request(f"Unrecognized request argument supplied: {loc}", loc) from None
         msg = err["msg"].removeprefix("Value error, ")
         raise bad_request(f"{loc}: {msg}" if loc else msg, loc or None) from None
-
-
-def _check_values(data: Any) -> None:
-    """Refuse what JSON can carry but nothing downstream should see: nesting past MAX_DEPTH,
-    numbers too large for any field (1e400 parses as infinity), and strings that are not
-    Unicode (a lone surrogate escape such as "\\ud800" cannot be encoded, tokenized or echoed)."""
-    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
-    while stack:
-        node, path, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise bad_request(f"the request body is nested deeper than {MAX_DEPTH} levels", path.lstrip(".") or None)
-        if isinstance(node, dict):
-            for k, v in node.items():
-                _check_str(k, path)
-                stack.append((v, f"{path}.{k}", depth + 1))
-        elif isinstance(node, list):
-            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node))
-        elif isinstance(node, str):
-            _check_str(node, path)
-        elif isinstance(node, float) and not math.isfinite(node):
-            raise bad_request("numbers must be finite", path.lstrip("."))
-        elif isinstance(node, int) and not isinstance(node, bool) and node not in INT64:
-            raise bad_request("integers must fit in 64 bits", path.lstrip("."))
-
-
-def _check_str(s: str, path: str) -> None:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad_request("strings must be valid Unicode (a lone surrogate is not)", path.lstrip(".") or None) from None
 
 
 def _json_path(data: Any, loc: tuple[Any, ...]) -> str:
@@ -263,7 +221,7 @@ async def _completions(s: OpenAIServing, body: bytes) -> Any:
 
 
 async def _tokenize(s: OpenAIServing, body: bytes) -> Any:
-    return s.tokenize(parse(body, TokenizeRequest))
+    return await s.tokenize(parse(body, TokenizeRequest))
 
 
 async def _detokenize(s: OpenAIServing, body: bytes) -> Any:
@@ -342,21 +300,77 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
     ])
 
 
+class TypedRouteGuard:
+    """The typed BentoML routes (/generate, /chat) parse their own bodies, so they get the
+    OpenAI routes' guards here, in front of BentoML: the body limit (413), JSON bounded as
+    every body is (jsontext: depth, NaN, 64-bit integers, valid Unicode; 400 in OpenAI's
+    shape), and the deadline (the preset's request_timeout or a shorter X-Request-Timeout).
+    A deadline that passes before the answer starts is a 408; one that passes mid-stream
+    ends the stream there. Either way the route's task is cancelled, which aborts its
+    request in the engine."""
+
+    def __init__(self, app: Any, paths: tuple[str, ...] = ("/generate", "/chat"),
+                 max_body_bytes: int = DEFAULT_MAX_BODY, request_timeout: float | None = None) -> None:
+        self.app = app
+        self.paths = paths
+        self.max_body = max_body_bytes
+        self.request_timeout = request_timeout
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"].rstrip("/") not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            timeout = _deadline(request, self.request_timeout)
+            body = await read_body(request, self.max_body)
+            if not isinstance(jsontext.loads(body), dict):
+                raise bad_request("the request body must be a JSON object")
+        except APIError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # then the disconnect, when it comes
+
+        started = False
+
+        async def watch(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await asyncio.wait_for(self.app(scope, replay, watch), timeout)
+        except asyncio.TimeoutError:  # the builtin TimeoutError from 3.11, the floor
+            if started:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                await error_response(deadline_exceeded(timeout))(scope, receive, send)
+
+
 class APIKeyMiddleware:
     """With $LLM_API_KEY set (one key, or several separated by commas, so keys can be
-    rotated), model routes need `Authorization: Bearer <key>`; else 401. `protect_ops`
-    puts /stats and /metrics behind the key too. CORS preflights (OPTIONS) pass: browsers
-    send them without credentials, and refusing them would break every browser client."""
+    rotated), model routes and the tokenizer routes need `Authorization: Bearer <key>`;
+    else 401. `protect_ops` puts /stats and /metrics behind the key too; /health stays
+    open for probes. CORS preflights (OPTIONS) pass: browsers send them without
+    credentials, and the CORS middleware outside this one answers them."""
 
     def __init__(self, app: Any, protect_ops: bool = False) -> None:
         self.app = app
         raw = os.environ.get(API_KEY_ENV) or ""
-        self.keys = [k.strip().encode() for k in raw.split(",") if k.strip()]
+        self.keys = [k.strip().encode("utf-8") for k in raw.split(",") if k.strip()]
         self.prefixes = PROTECTED_PREFIXES + (OPS_PREFIXES if protect_ops else ())
 
-    def allowed(self, token: str) -> bool:
-        """Compared with every key in constant time, so timing tells nothing about any of them."""
-        given = token.strip().encode()
+    def allowed(self, token: bytes) -> bool:
+        """The header's bytes as they arrived (a non-ASCII key is its UTF-8 bytes), compared
+        with every key in constant time, so timing tells nothing about any of them."""
+        given = token.strip()
         hits = [secrets.compare_digest(given, key) for key in self.keys]
         return any(hits)
 
@@ -364,9 +378,8 @@ class APIKeyMiddleware:
         if (self.keys and scope["type"] == "http" and scope["method"] != "OPTIONS"
                 and scope["path"].startswith(self.prefixes)):
             headers = dict(scope.get("headers") or [])
-            auth = headers.get(b"authorization", b"").decode("latin-1")
-            scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not self.allowed(token):
+            scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not self.allowed(token):
                 resp = error_response(APIError(401, "Incorrect API key provided; send `Authorization: Bearer "
                                                "<key>`.", "invalid_request_error", None, "invalid_api_key"))
                 resp.headers["WWW-Authenticate"] = "Bearer"

@@ -156,6 +156,10 @@ class AsyncLLM:
         return self._core.model_name
 
     @property
+    def vocab_size(self) -> int:
+        return self._core.vocab_size
+
+    @property
     def hf_id(self) -> str | None:
         """The model's Hugging Face id, when known: clients may name the model by it."""
         return self._core.hf_id
@@ -203,6 +207,8 @@ class AsyncLLM:
         """
         request_id = request_id or uuid.uuid4().hex
         ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
+        params = params or SamplingParams()
+        self._check_token_ids(ids, params)
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
             if self._dead is not None:
@@ -215,7 +221,6 @@ class AsyncLLM:
             self._streams[request_id] = stream  # before the add: a death from now on reaches it
         finished = False
         waiting = True  # counted by admission until its first output
-        params = params or SamplingParams()
         span = tracing.start_span(operation, served_model or self.model_name, request_id, params, len(ids))
         out_tokens, reasons, out, error = 0, [], None, None
         try:
@@ -223,6 +228,10 @@ class AsyncLLM:
                 self._core.add(request_id, ids, params, cache_salt, priority)
             except OSError:  # the engine process is gone; the core reports the death to the stream
                 pass
+            except BaseException:  # never handed over: nothing will ever answer this stream
+                finished = True
+                self._streams.pop(request_id, None)
+                raise
             await stream.added
             while not finished:
                 items = [await stream.queue.get()]
@@ -251,6 +260,14 @@ class AsyncLLM:
             # Otherwise the core answers the abort with a finished output, which drops the stream.
             if not finished and not _failed(stream.added):
                 self.abort(request_id)
+
+    def _check_token_ids(self, ids: list[int], params: SamplingParams) -> None:
+        """Every token id a request names, inside the vocabulary, before it is encoded for
+        the core: an id of any size is the client's error, never the pipe's."""
+        vocab = self.vocab_size
+        for name, used in (("prompt", ids), *params.token_ids_used().items()):
+            if any(type(t) is not int or not 0 <= t < vocab for t in used):
+                raise ParamError(name, f"{name} names token ids outside the vocabulary [0, {vocab})")
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its blocks at the next step boundary. Thread-safe, idempotent."""

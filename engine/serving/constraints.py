@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from engine.sampling_params import StructuredOutput
+from engine.serving import jsontext
 from engine.serving.errors import bad_request
 from engine.serving.protocol import SamplingFields
 
@@ -31,6 +32,8 @@ def structured_output(req: SamplingFields, names: dict[str, str], tool_call: Str
             continue
         if kind == "choice" and not value:
             raise bad_request("choice needs at least one string", name)
+        if kind == "json" and isinstance(value, str):  # a schema sent as text is bounded like the body
+            value = jsontext.loads(value, name, "the JSON schema")
         spec = value if isinstance(value, str) else json.dumps(value)  # a schema or choices as JSON text
         found.append((name, StructuredOutput(kind, spec)))
     if len(found) > 1:
@@ -42,9 +45,13 @@ def structured_output(req: SamplingFields, names: dict[str, str], tool_call: Str
     return found[0][1]
 
 
-def token_keys(mapping: dict[str, float], field: str) -> dict[int, float]:
-    """JSON object keys are strings; OpenAI's logit_bias keys are token ids."""
-    try:
-        return {int(k): v for k, v in mapping.items()}
-    except ValueError:
-        raise bad_request(f"{field} keys must be token ids, e.g. {{\"50256\": -100}}", field) from None
+def token_keys(mapping: dict[str, float], field: str, vocab_size: int) -> dict[int, float]:
+    """JSON object keys are strings; OpenAI's logit_bias keys are token ids, bounded here by
+    the vocabulary, so no id of any size travels further."""
+    out = {}
+    for k, v in mapping.items():
+        if not (k.isascii() and k.isdigit() and len(k) <= 12 and int(k) < vocab_size):
+            raise bad_request(f"{field} keys must be token ids in [0, {vocab_size}), e.g. {{\"50256\": -100}}; "
+                              f"got {k[:40]!r}", field)
+        out[int(k)] = v
+    return out

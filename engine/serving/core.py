@@ -32,6 +32,7 @@ from dataclasses import asdict
 from multiprocessing.connection import Connection
 from typing import Any
 
+from engine import spawn
 from engine.config import EngineConfig
 from engine.engine import LLMEngine, StepOutput
 from engine.sampling_params import SamplingParams
@@ -66,6 +67,7 @@ class ThreadCore:
         self.sampling_defaults = engine.sampling_defaults
         self.model_name = engine.model_name
         self.hf_id = engine.hf_id
+        self.vocab_size = engine.hf_config.vocab_size
         self._on_added, self._on_step, self._on_dead = on_added, on_step, on_dead
         self._cmds: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self.last_stats = engine.stats()
@@ -162,7 +164,7 @@ class ProcessCore:
         # Not a daemon: a parallel engine starts its worker processes from there, which
         # daemons may not. The finalizer stops it when this interpreter exits instead.
         self._proc = ctx.Process(target=run_core, args=(config, child), name="engine-core", daemon=False)
-        self._proc.start()
+        spawn.start(self._proc)  # never re-runs the user's script in the engine process
         mp.util.Finalize(self, _stop_at_exit, args=(self._conn, self._proc), exitpriority=10)
         child.close()
         self._send_lock = threading.Lock()
@@ -181,6 +183,7 @@ class ProcessCore:
         self.max_model_len, self.model_name = info["max_model_len"], info["model_name"]
         self.sampling_defaults = info["sampling_defaults"]
         self.hf_id = info["hf_id"]
+        self.vocab_size = info["vocab_size"]
         self.last_stats = EngineStats(**info["stats"])
         self.pid = self._proc.pid
         self._reader = threading.Thread(target=self._read, name="engine-core-reader", daemon=True)
@@ -268,6 +271,7 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
         engine = LLMEngine(config)
         conn.send_bytes(wire.pack(["ready", {"max_model_len": engine.max_model_len, "model_name": engine.model_name,
                                              "sampling_defaults": engine.sampling_defaults, "hf_id": engine.hf_id,
+                                             "vocab_size": engine.hf_config.vocab_size,
                                              "stats": asdict(engine.stats())}]))
     except BaseException as exc:  # noqa: BLE001 - the parent must hear why
         logger.exception("engine start-up failed")

@@ -7,6 +7,7 @@ and the typed BentoML APIs all go through it.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,11 +37,14 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, "invalid_request_error", param, code)
 
 
-def to_api_error(exc: BaseException, params: Mapping[str, str] | None = None) -> APIError:
+def to_api_error(exc: BaseException, params: Mapping[str, str] | None = None,
+                 request_id: str | None = None) -> APIError:
     """Map any exception to what the client gets.
 
     `params` renames engine field names to the request's own (SamplingParams' `logprobs`
     is chat's `top_logprobs`, say), so `param` always points into the client's JSON.
+    The server's own failures are logged in full under the request's id; the client gets
+    the id and a plain message, never an internal exception's text.
     """
     if isinstance(exc, APIError):
         return exc
@@ -52,7 +56,10 @@ def to_api_error(exc: BaseException, params: Mapping[str, str] | None = None) ->
                         {"Retry-After": str(int(exc.retry_after))})
     if isinstance(exc, DrainingError):
         return APIError(503, str(exc), "server_error", None, "shutting_down")
+    ref = request_id or uuid.uuid4().hex[:16]
     if isinstance(exc, EngineDeadError):
-        return APIError(503, str(exc), "server_error")
-    logger.error("request failed", exc_info=exc)
-    return APIError(500, f"internal error: {exc!r}", "server_error")
+        logger.error("request %s: %s", ref, exc)
+        return APIError(503, f"the engine is not running (request {ref}; the server log has the cause)",
+                        "server_error", None, "engine_dead")
+    logger.error("request %s failed", ref, exc_info=exc)
+    return APIError(500, f"internal error (request {ref}; the server log has the details)", "server_error")

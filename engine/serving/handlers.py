@@ -12,6 +12,7 @@ so a request the engine rejects (a prompt longer than max_model_len, say) is a c
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -20,6 +21,8 @@ from engine.llm import apply_chat_template
 from engine.sampler import TokenLogprobs
 from engine.sampling_params import SamplingParams, StructuredOutput
 from engine.serving import tools as tools_mod
+from engine.engine import encode_prompt
+from engine.serving.admission import Offload
 from engine.serving.async_llm import AsyncLLM, StreamOutput
 from engine.serving.constraints import structured_output, token_keys
 from engine.serving.errors import APIError, bad_request, to_api_error
@@ -45,6 +48,7 @@ class OpenAIServing:
         self.created = int(time.time())
         self._tok = llm.tokenizer
         self._native_tools = tools_mod.template_takes_tools(self._tok)
+        self.offload = Offload()
 
     # -- simple routes --------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
@@ -56,15 +60,28 @@ class OpenAIServing:
         return ModelList(data=[ModelCard(id=name, created=self.created, root=self.root,
                                          max_model_len=self.llm.max_model_len) for name in self.names])
 
-    def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         self.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of `prompt` and `messages`", "prompt")
         if req.messages is not None:
-            ids = self.chat_prompt(req.messages, req.add_generation_prompt, req.tools)
+            ids = await self.chat_prompt_async(req.messages, req.add_generation_prompt, req.tools)
         else:
-            ids = self._tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            ids = await self.offload.run(len(req.prompt), functools.partial(
+                self._tok.encode, req.prompt, add_special_tokens=req.add_special_tokens))
         return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=self.llm.max_model_len)
+
+    async def chat_prompt_async(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
+                                tools: list[Tool] | None = None) -> list[int]:
+        """chat_prompt, off the event loop when the conversation is large."""
+        size = sum(len(m.text()) for m in messages) + sum(len(t.model_dump_json()) for t in tools or [])
+        return await self.offload.run(size, self.chat_prompt, messages, add_generation_prompt, tools)
+
+    async def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A completion prompt's ids, tokenized off the loop when the text is large."""
+        if not isinstance(prompt, str):
+            return prompt
+        return await self.offload.run(len(prompt), encode_prompt, self._tok, prompt)
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
@@ -100,7 +117,7 @@ class OpenAIServing:
             "stop": [req.stop] if isinstance(req.stop, str) else list(req.stop or []),
             "stop_token_ids": list(req.stop_token_ids or []), "min_tokens": req.min_tokens,
             "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens,
-            "logit_bias": token_keys(req.logit_bias or {}, "logit_bias"),
+            "logit_bias": token_keys(req.logit_bias or {}, "logit_bias", self.llm.vocab_size),
             "allowed_token_ids": req.allowed_token_ids,
             "include_stop_str_in_output": req.include_stop_str_in_output,
             "structured": structured_output(req, names, tool_call),
@@ -135,7 +152,7 @@ class OpenAIServing:
     async def chat(self, req: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[str]:
         self.check_model(req.model)
         tools = tools_mod.active_tools(req.tools, req.tool_choice)
-        prompt = self.chat_prompt(req.messages, req.add_generation_prompt, tools)
+        prompt = await self.chat_prompt_async(req.messages, req.add_generation_prompt, tools)
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -223,7 +240,7 @@ class OpenAIServing:
             raise bad_request("suffix is not supported", "suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request("best_of must equal n (no server-side ranking)", "best_of")
-        prompts = prompt_list(req.prompt)
+        prompts = [await self.prompt_ids(p) for p in prompt_list(req.prompt)]
         names: dict[str, str] = {}
         # echo with logprobs scores the echoed prompt too, with as many alternatives as the output
         echo_lps = req.logprobs if req.echo and req.logprobs is not None else None

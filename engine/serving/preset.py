@@ -53,6 +53,21 @@ class QueueConfig(BaseModel):
     max_waiting_tokens: int | None = Field(65536, ge=1, description="their prompt tokens; None: no bound")
 
 
+class CORSConfig(BaseModel):
+    """Which browser origins may call the API (Starlette's CORSMiddleware). None by default:
+    a browser page on another origin gets no CORS headers and its preflights a 405. Give
+    origins (or ["*"]) to open it; preflights never need the API key, the requests they
+    announce do."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow_origins: list[str] = Field(default_factory=list, description="e.g. [\"https://app.example\"], or [\"*\"]")
+    allow_methods: list[str] = Field(default_factory=lambda: ["GET", "POST"])
+    allow_headers: list[str] = Field(default_factory=lambda: ["Authorization", "Content-Type", "X-Request-Timeout",
+                                                              "traceparent", "tracestate"])
+    max_age: int = Field(600, ge=0, description="seconds a browser may cache a preflight's answer")
+
+
 class ServiceConfig(BaseModel):
     """What the HTTP layer needs that the engine does not."""
 
@@ -69,6 +84,7 @@ class ServiceConfig(BaseModel):
                                           "a client's X-Request-Timeout header may shorten it")
     traffic: TrafficConfig = TrafficConfig()
     queue: QueueConfig = QueueConfig()
+    cors: CORSConfig = CORSConfig()
     # Engines per replica: each BentoML worker runs its own engine and KV cache; on the CPU
     # each takes an equal share of the cores. On GPUs keep 1 (BentoML hands every worker the
     # same GPUs) and scale with replicas, or split a model with tensor_parallel_size.

@@ -60,6 +60,8 @@ def absorb(c: Choice, d: CompletionDelta) -> None:
         c.logprobs.extend(d.logprobs)
     if d.finish_reason is not None:
         c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
+    if d.error is not None:  # the request's own constraints left nothing to sample: its error, not a reply
+        raise bad_request(d.error, None, "no_token_allowed")
 
 
 async def chain(first: StreamOutput, gen: AsyncIterator[StreamOutput]) -> AsyncIterator[StreamOutput]:

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.sampling_params import StructuredOutput
+from engine.serving import jsontext
 from engine.serving.errors import bad_request
 from engine.serving.protocol import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall, ToolChoice
 
@@ -114,10 +115,7 @@ def render(messages: Sequence[ChatMessage], tools: list[Tool], native: bool) -> 
 
 
 def _arguments(fn: FunctionCall, field: str) -> Any:
-    try:
-        return json.loads(fn.arguments)
-    except json.JSONDecodeError as exc:
-        raise bad_request(f"arguments must be JSON text: {exc}", field) from None
+    return jsontext.loads(fn.arguments, field, "arguments")
 
 
 def call_text(name: str, arguments: Any) -> str:
@@ -225,18 +223,13 @@ class CallParser:
             calls.append(call)
 
     def _parse(self, block: str) -> ToolCall | None:
-        try:
-            obj = json.loads(block)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(obj, dict) or obj.get("name") not in self.names:
+        """A call, or None: whatever the model wrote that is not one stays content."""
+        obj = jsontext.model_json(block)
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in self.names:
             return None
         args = obj.get("arguments", obj.get("parameters", {}))
         if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return None
+            args = jsontext.model_json(args)
         if not isinstance(args, dict):
             return None
         return ToolCall(id=new_call_id(), function=FunctionCall(name=obj["name"],

@@ -44,15 +44,15 @@ class EngineOutput:
     def encode(self) -> list:
         return [self.request_id, self.num_prompt_tokens, self.finished, self.num_cached_tokens,
                 None if self.metrics is None else astuple(self.metrics),
-                [[d.index, d.text, d.token_ids, _encode_logprobs(d.logprobs), d.finish_reason, d.stop_reason]
+                [[d.index, d.text, d.token_ids, _encode_logprobs(d.logprobs), d.finish_reason, d.stop_reason, d.error]
                  for d in self.deltas], _encode_logprobs(self.prompt_logprobs)]
 
     @classmethod
     def decode(cls, item: list) -> EngineOutput:
         rid, n_prompt, finished, cached, metrics, deltas, prompt_lps = item
         return cls(rid, n_prompt,
-                   [CompletionDelta(i, text, ids, _decode_logprobs(lps), fin, stop)
-                    for i, text, ids, lps, fin, stop in deltas],
+                   [CompletionDelta(i, text, ids, _decode_logprobs(lps), fin, stop, err)
+                    for i, text, ids, lps, fin, stop, err in deltas],
                    finished, cached, None if metrics is None else RequestMetrics(*metrics),
                    _decode_logprobs(prompt_lps))
 

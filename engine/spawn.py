@@ -1,0 +1,37 @@
+"""Starting the engine's child processes without running the user's script again.
+
+multiprocessing's spawn re-imports the parent's `__main__` in every child (as
+`__mp_main__`), so that a target defined there can be found. Our targets live in engine
+modules, never in the user's script; but a script without an `if __name__ ==
+"__main__":` guard (vLLM's offline examples have none) would run its own top level
+again in each child: `LLM(tensor_parallel_size=2)` there starts another engine, which
+dies mid-bootstrap. While `start` runs, the parent's main module is shown to
+multiprocessing as having no file and no spec, which is how an interactive session looks,
+and the child imports nothing of it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from multiprocessing.process import BaseProcess
+
+_lock = threading.Lock()
+_HIDDEN = ("__file__", "__spec__")
+
+
+def start(proc: BaseProcess) -> None:
+    """proc.start(), with the user's main module kept out of the child."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        proc.start()
+        return
+    with _lock:
+        saved = {k: main.__dict__[k] for k in _HIDDEN if k in main.__dict__}
+        main.__dict__.pop("__file__", None)
+        main.__dict__["__spec__"] = None
+        try:
+            proc.start()
+        finally:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
