@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from engine import intake
 from engine.config import EngineConfig, Placement
 from engine.detokenizer import Detokenizer
 from engine.errors import ParamError
@@ -131,12 +132,13 @@ class LLMEngine:
                 f"max_tokens ({max_tokens}) plus the prompt's {n_prompt} tokens exceeds max_model_len "
                 f"({self.max_model_len})",
             )
-        params = replace(params, max_tokens=max_tokens, bad_words_token_ids=self._bad_words(params))
+        params = replace(params, max_tokens=max_tokens,
+                         bad_words_token_ids=intake.bad_words_ids(self.tokenizer, params))
         vocab = self.hf_config.vocab_size
         for name, ids in params.token_ids_used().items():
             if any(t >= vocab for t in ids):
                 raise ParamError(name, f"{name} names token ids outside the vocabulary [0, {vocab})")
-        self._check_contradictions(params)
+        intake.check_contradictions(params, self.eos_token_ids)
         if params.structured is not None:
             self.grammars.compile(params.structured)  # an invalid constraint fails here, alone
         if params.n > self.config.max_num_seqs:
@@ -149,33 +151,6 @@ class LLMEngine:
             [Detokenizer(self.tokenizer, token_ids, params)], now, pending_forks=params.n - 1,
         )
         self.scheduler.add(seq)
-
-    def _check_contradictions(self, params: SamplingParams) -> None:
-        """Refuse up front what could never sample a token: allowed ids that bad_words (or,
-        before min_tokens, the stop and eos tokens) all ban. A grammar's part in it shows only
-        while decoding, where the engine ends the sequence with an error instead."""
-        if params.allowed_token_ids is None:
-            return
-        banned = {ids[0]: "bad_words" for ids in params.bad_words_token_ids or [] if len(ids) == 1}
-        if params.min_tokens > 0:
-            for t in [*self.eos_token_ids, *params.stop_token_ids]:
-                banned.setdefault(t, "min_tokens (stop and eos tokens are banned until it is reached)")
-        if all(t in banned for t in params.allowed_token_ids):
-            why = sorted({banned[t] for t in params.allowed_token_ids})
-            raise ParamError("allowed_token_ids", "every token in allowed_token_ids is banned by "
-                             + " and ".join(why) + ": nothing could be generated")
-
-    def _bad_words(self, params: SamplingParams) -> list[list[int]] | None:
-        """Each bad word's tokens as it starts the text and as it follows a space, as vLLM."""
-        if params.bad_words_token_ids is not None or not params.bad_words:
-            return params.bad_words_token_ids
-        ids: list[list[int]] = []
-        for word in params.bad_words:
-            for text in dict.fromkeys([word, " " + word.lstrip()]):
-                toks = self.tokenizer.encode(text, add_special_tokens=False)
-                if toks and toks not in ids:
-                    ids.append(toks)
-        return ids
 
     def _new_seq(self, request_id: str, token_ids: list[int], params: SamplingParams, index: int,
                  cache_salt: str | None, now: float) -> Sequence:
@@ -271,7 +246,7 @@ class LLMEngine:
         for i, (seq, tok, lp) in enumerate(zip(row_seqs, out.token_ids, out.logprobs)):
             req = self.requests[seq.request_id]
             if i in no_token:
-                self._end(seq, req, f"no token is left to sample: {_constraints(seq.params)} exclude every token "
+                self._end(seq, req, f"no token is left to sample: {intake.constraints(seq.params)} exclude every token "
                           f"after {seq.num_output_tokens} generated")
             else:
                 self._append(seq, req, tok, lp, now)
@@ -442,15 +417,6 @@ class LLMEngine:
 def encode_prompt(tokenizer, text: str) -> list[int]:
     """A text prompt's token ids, special tokens (BOS) included, as transformers adds them."""
     return tokenizer.encode(text, add_special_tokens=True)
-
-
-def _constraints(params: SamplingParams) -> str:
-    """The request's fields that ban tokens, for an error that says which to change."""
-    names = [name for name, on in (("allowed_token_ids", params.allowed_token_ids is not None),
-                                   ("bad_words", bool(params.bad_words)),
-                                   ("min_tokens", params.min_tokens > 0),
-                                   ("the structured-output constraint", params.structured is not None)) if on]
-    return ", ".join(names) or "the request's constraints"
 
 
 def _eos_ids(config, tokenizer) -> list[int]:

@@ -24,6 +24,18 @@ def greedy_ids(llm: LLM, prompts) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
 
 
+def transformers_greedy(path, prompt_ids: list[int], n: int = 8) -> list[int]:
+    """The oracle: transformers' own model on the same weights, greedy, n tokens."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        for _ in range(n):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids[0, len(prompt_ids):].tolist()
+
+
 def test_core_runs_without_any_serving_dependency(tiny_model_factory):
     """engine/ is the synchronous core: generating must not need the HTTP stack."""
     path = tiny_model_factory("isolated")
@@ -142,30 +154,32 @@ def test_a_sliding_window_model_is_served_only_within_its_window(tiny_model_fact
     with pytest.raises(ValueError, match="sliding window"):
         LLM(path, dtype="float32", max_model_len=128)
     llm = LLM(path, dtype="float32", max_model_len=64)
-    assert llm.engine.max_model_len == 64 and len(greedy_ids(llm, ["hi"])[0]) == 8
+    assert llm.engine.max_model_len == 64
+    prompt = llm.tokenizer.encode("The capital of France is")
+    assert greedy_ids(llm, [prompt]) == [transformers_greedy(path, prompt)]
 
 
-def test_bf16_greedy_agrees_with_fp32_on_the_leading_tokens(tokenizer):
-    """bf16 keeps 8 significant bits, so each logit carries ~0.4% relative noise; greedy
-    picks flip only where the top two logits are that close, and after one flip the
-    continuations part ways for good. So we bound agreement on leading tokens, not all
-    of them: every prompt agrees on its first 4 tokens, half agree on all 32, and the
-    mean shared prefix is at least half the output. (Measured: minimum 6, 11 of 16 whole,
-    mean 26 of 32.)"""
+def test_bf16_greedy_departs_from_fp32_only_at_near_ties(tokenizer):
+    """bf16 keeps 8 significant bits, so each logit carries ~0.4% relative noise: greedy
+    picks may flip where fp32's top two are that close, and after one flip the
+    continuations part ways for good. So every place where a bf16 run first departs from
+    fp32 must be such a near-tie: bf16 picked fp32's runner-up, at most 0.25 nats below
+    fp32's choice. A defect, however late it starts, picks tokens that are no near-tie.
+    (Measured on this set: 11 of 16 prompts agree on all 32 tokens; the 5 departures are
+    all to the runner-up, at gaps of 0.03 to 0.16 nats, at tokens 6 to 31.)"""
     prompts = make_prompts(tokenizer, 16, 48)
-    p = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-    fp32 = [o.outputs[0].token_ids for o in LLM(dtype="float32", max_model_len=256).generate(prompts, p,
-                                                                                               use_tqdm=False)]
-    bf16 = [o.outputs[0].token_ids for o in LLM(dtype="bfloat16", max_model_len=256).generate(prompts, p,
-                                                                                                use_tqdm=False)]
-
-    def shared(a: list[int], b: list[int]) -> int:
-        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
-
-    prefix = [shared(a, b) for a, b in zip(fp32, bf16)]
-    assert min(prefix) >= 4, prefix
-    assert sum(n == 32 for n in prefix) >= 8, prefix
-    assert sum(prefix) / len(prefix) >= 16, prefix
+    p = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=2)
+    fp32 = [o.outputs[0] for o in LLM(dtype="float32", max_model_len=256).generate(prompts, p, use_tqdm=False)]
+    bf16 = [o.outputs[0] for o in LLM(dtype="bfloat16", max_model_len=256).generate(prompts, p, use_tqdm=False)]
+    whole = 0
+    for a, b in zip(fp32, bf16):
+        i = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
+        if i is None:
+            whole += 1
+            continue
+        (first, lp1), (second, lp2) = a.logprobs[i].top
+        assert b.token_ids[i] == second and lp1 - lp2 <= 0.25, (i, a.logprobs[i].top, b.token_ids[i])
+    assert whole >= 8, whole
 
 
 def test_without_a_compiler_the_engine_warns_once_and_keeps_the_torch_path(tiny_model_factory, monkeypatch,
@@ -184,7 +198,8 @@ def test_without_a_compiler_the_engine_warns_once_and_keeps_the_torch_path(tiny_
         llm = LLM(path, device="cpu", **SMALL)
     assert llm.engine.resolved.attention_backend == "torch"
     assert [r.message for r in caplog.records if "native CPU attention unavailable" in r.message]
-    assert len(greedy_ids(llm, ["hi"])[0]) == 8
+    prompt = llm.tokenizer.encode("The capital of France is")
+    assert greedy_ids(llm, [prompt]) == [transformers_greedy(path, prompt)]
     with pytest.raises(ValueError, match="could not be built") as err:
         LLM(path, device="cpu", attention_backend="native", **SMALL)
     assert err.value.param == "attention_backend"

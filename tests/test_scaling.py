@@ -64,8 +64,21 @@ def test_bentocloud_deployment_file_is_what_bentoml_deploy_reads():
 
     data = yaml.safe_load((ROOT / "deploy/bentocloud.yaml").read_text())
     schema = cloud_converter.structure(data, CreateDeploymentSchema)
-    scaling = schema.services["pagedserve"].scaling  # the service's name in service.py
-    assert 1 <= scaling.min_replicas <= scaling.max_replicas
+
+    def present(d):  # what bentoml reads back, less the fields it fills with defaults
+        if isinstance(d, dict):
+            return {k: present(v) for k, v in d.items() if v is not None and v != {} and (k, v) != ("dev", False)}
+        return d
+
+    assert present(cloud_converter.unstructure(schema)) == data  # every key in the file is one it reads
+    bento_name = yaml.safe_load((ROOT / "bentofile.yaml").read_text())["name"]
+    assert schema.name == bento_name and schema.bento == f"{bento_name}:latest"
+    assert list(schema.services) == [bento_name]  # the service's name in service.py (@bentoml.service)
+    scaling = schema.services[bento_name].scaling
+    assert (scaling.min_replicas, scaling.max_replicas) == (1, 4)
+    # the deployment that is open to the internet needs the key the service checks
+    assert schema.access_authorization is True and schema.secrets == ["pagedserve-api-key"]
+    assert schema.services[bento_name].cold_start_timeout >= 600  # weights and kernels on a fresh node
 
 
 def test_a_preset_with_fewer_gpus_than_ranks_is_refused(tmp_path):

@@ -150,3 +150,150 @@ def test_unset_sampling_fields_take_the_models_generation_config(tiny_model_fact
         texts = {tc.post("/v1/completions", json=body).json()["choices"][0]["text"] for _ in range(3)}
         assert len(texts) == 1  # greedy from the model's config, with no seed in sight
     llm.shutdown()
+
+
+def test_typed_routes_get_the_body_guards_and_the_deadline():
+    """TypedRouteGuard in front of a stand-in for BentoML's typed route: bad bodies get the
+    OpenAI routes' 4xx, a deadline before the answer starts is a 408, one mid-stream ends
+    the stream there, and either cancels the route (which aborts its engine request)."""
+    import asyncio
+    import json
+
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from engine.serving.app import TypedRouteGuard
+
+    cancelled = []
+
+    async def generate(request: Request):
+        body = await request.json()
+
+        async def chunks():
+            try:
+                for i in range(body.get("n", 3)):
+                    await asyncio.sleep(body.get("delay", 0))
+                    yield f"t{i} "
+            except asyncio.CancelledError:
+                cancelled.append(body)
+                raise
+
+        if body.get("slow_start"):
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                cancelled.append(body)
+                raise
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    inner = Starlette(routes=[Route("/generate", generate, methods=["POST"]),
+                              Route("/other", lambda r: JSONResponse({"ok": True}), methods=["POST"])])
+    tc = TestClient(TypedRouteGuard(inner, max_body_bytes=4096, request_timeout=30))
+    assert tc.post("/generate", json={"prompt": "hi"}).text == "t0 t1 t2 "
+    for raw, param in ((b'{"prompt": ' + b"[" * 100 + b"]" * 100 + b"}", "prompt"),
+                       (b'{"prompt": "hi", "temperature": NaN}', None),
+                       (b'{"prompt": "\\ud800"}', "prompt"), (b'{"seed": 99999999999999999999}', "seed"),
+                       (b"[1, 2]", None), (b"not json", None)):
+        r = tc.post("/generate", content=raw)
+        assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}, raw
+        got = r.json()["error"]["param"]
+        assert got == param if param is None else got.startswith(param), (raw, r.text)
+    r = tc.post("/generate", content=json.dumps({"prompt": "x" * 5000}))
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    assert tc.post("/other", content=b"[" * 100).json() == {"ok": True}  # other routes are not its business
+    r = tc.post("/generate", json={"slow_start": True}, headers={"X-Request-Timeout": "0.2"})
+    assert r.status_code == 408 and r.json()["error"]["code"] == "deadline_exceeded"
+    r = tc.post("/generate", json={"n": 50, "delay": 0.05}, headers={"X-Request-Timeout": "0.5"})
+    assert r.status_code == 200 and 2 <= len(r.text.split()) < 50
+    assert tc.post("/generate", json={}, headers={"X-Request-Timeout": "soon"}).status_code == 400
+    assert [b.get("slow_start", False) for b in cancelled] == [True, False]
+
+
+def test_large_tokenizer_work_leaves_the_event_loop_and_is_bounded():
+    import asyncio
+    import time
+
+    from engine.serving.admission import Offload, QueueFullError
+
+    async def scenario():
+        off = Offload(workers=1, max_waiting=2, threshold=10)
+        loop = asyncio.get_running_loop()
+
+        def slow(x):
+            time.sleep(0.3)  # a chat template over a large body, say
+            return x
+
+        first = asyncio.create_task(off.run(100, slow, "a"))
+        second = asyncio.create_task(off.run(100, slow, "b"))
+        await asyncio.sleep(0.02)
+        t0 = loop.time()
+        await asyncio.sleep(0.01)  # the loop still turns while both wait on the thread
+        assert loop.time() - t0 < 0.1
+        with pytest.raises(QueueFullError):
+            await off.run(100, slow, "c")  # a third large input past the bound: 429
+        assert await off.run(5, str.upper, "small") == "SMALL"  # small inputs stay on the loop, unbounded
+        assert await asyncio.gather(first, second) == ["a", "b"]
+        assert off.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_internal_errors_reach_the_client_as_an_id_and_the_log_as_details(tiny_model_factory, caplog):
+    from starlette.testclient import TestClient
+
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from engine.serving.app import create_app
+    from engine.serving.async_llm import AsyncLLM
+    from engine.serving.handlers import OpenAIServing
+
+    cfg = EngineConfig.create(model=str(tiny_model_factory("dead-tiny")), device="cpu", dtype="float32",
+                              max_model_len=64, kv_cache_memory_bytes=16 * 8192)
+    llm = AsyncLLM(LLMEngine(cfg))
+    serving = OpenAIServing(llm, "tiny")
+
+    def broken(*args, **kwargs):
+        raise KeyError("secret internal state at 0xdeadbeef")
+
+    with TestClient(create_app(lambda: serving), raise_server_exceptions=False) as tc:
+        serving.detokenize = broken
+        with caplog.at_level("ERROR"):
+            r = tc.post("/detokenize", json={"tokens": [1]})
+        err = r.json()["error"]
+        assert r.status_code == 500 and err["type"] == "server_error"
+        assert "0xdeadbeef" not in err["message"] and "KeyError" not in err["message"]
+        ref = err["message"].split("request ")[1].split(";")[0]
+        assert any(ref in rec.getMessage() and "0xdeadbeef" in (rec.exc_text or "") for rec in caplog.records)
+
+        def dead_step():
+            raise RuntimeError("CUDA error: an illegal memory access at 0xdeadbeef")
+
+        llm.engine.step = dead_step
+        r = tc.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4})
+        assert r.status_code == 503 and "0xdeadbeef" not in r.text and "RuntimeError" not in r.text
+    llm.shutdown()
+
+
+def test_resolving_a_config_builds_nothing(tiny_model_factory, monkeypatch):
+    """The attention backend is decided, and the native kernel built, in one place: where
+    the engine builds its executor (kernels.select_backend), never while resolving a config."""
+    from torch.utils import cpp_extension
+
+    import kernels
+    from engine.config import EngineConfig, Placement
+    from engine.models import loader
+    from kernels import cpu
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a build while resolving the config")
+
+    monkeypatch.setattr(cpu, "_state", {})
+    monkeypatch.setattr(cpp_extension, "load", no_build)
+    hf_config = loader.load_config(loader.resolve(str(tiny_model_factory("dead-tiny"))))
+    placement = Placement.resolve(EngineConfig.create(device="cpu", attention_backend="auto"), hf_config)
+    assert placement.attention_backend == "auto" and cpu._state == {}
+    monkeypatch.undo()
+    assert kernels.select_backend("auto", placement.device) in ("native", "torch")

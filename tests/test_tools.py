@@ -104,15 +104,30 @@ def test_tool_choice_checks():
 
 
 # -- end to end -------------------------------------------------------------------------------
-def _round_trip(client, message: dict) -> openai.types.chat.ChatCompletion:
-    """Answer the call with a result and ask for the next turn."""
-    results = [{"role": "tool", "tool_call_id": c["id"], "content": json.dumps({"temperature": 18, "sky": "clear"})}
-               for c in message["tool_calls"]]
-    return client.chat.completions.create(model=MODEL, messages=ASK + [message] + results, tools=[WEATHER, TIME],
-                                          max_tokens=40, temperature=0)
+def _round_trip(client, http, message: dict) -> openai.types.chat.ChatCompletion:
+    """Answer the call with a result and ask for the next turn; check that the turn the
+    model saw carries the call and its result, and that its reply is the engine's greedy
+    continuation of exactly that prompt."""
+    result = json.dumps({"temperature": 18, "sky": "clear"})
+    results = [{"role": "tool", "tool_call_id": c["id"], "content": result} for c in message["tool_calls"]]
+    messages = ASK + [message] + results
+    nxt = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME], max_tokens=40,
+                                         temperature=0)
+    ids = http.post("/tokenize", json={"messages": messages, "tools": [WEATHER, TIME]}).json()["tokens"]
+    seen = http.post("/detokenize", json={"tokens": ids}).json()["prompt"]
+    call = message["tool_calls"][0]["function"]
+    assert f"<tool_response>\n{result}\n</tool_response>" in seen
+    assert json.dumps(call["name"]) in seen and seen.rstrip().endswith("assistant")
+    same = client.completions.create(model=MODEL, prompt=ids, max_tokens=40, temperature=0).choices[0]
+    reply = nxt.choices[0]
+    if reply.message.tool_calls:
+        assert reply.finish_reason == "tool_calls" and "<tool_call>" in same.text
+    else:
+        assert reply.message.content == same.text and reply.finish_reason == same.finish_reason
+    return nxt
 
 
-def test_required_tool_round_trip(client):
+def test_required_tool_round_trip(client, http):
     r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
                                        parallel_tool_calls=False, max_tokens=80, temperature=0)
     choice = r.choices[0]
@@ -120,11 +135,10 @@ def test_required_tool_round_trip(client):
     call = choice.message.tool_calls[0]
     assert call.type == "function" and call.function.name in ("get_weather", "get_time")
     (GetWeather if call.function.name == "get_weather" else GetTime).model_validate_json(call.function.arguments)
-    nxt = _round_trip(client, choice.message.model_dump(exclude_none=True))
-    assert nxt.choices[0].message.content and nxt.choices[0].finish_reason in ("stop", "length")
+    _round_trip(client, http, choice.message.model_dump(exclude_none=True))
 
 
-def test_required_tool_round_trip_streamed(client):
+def test_required_tool_round_trip_streamed(client, http):
     chunks = list(client.chat.completions.create(
         model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False,
         max_tokens=80, temperature=1.0, seed=7, stream=True))
@@ -139,8 +153,7 @@ def test_required_tool_round_trip_streamed(client):
     fn = calls[0]["function"]
     (GetWeather if fn["name"] == "get_weather" else GetTime).model_validate_json(fn["arguments"])
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
-    nxt = _round_trip(client, {"role": "assistant", "tool_calls": [calls[0]]})
-    assert nxt.choices[0].message.content
+    _round_trip(client, http, {"role": "assistant", "tool_calls": [calls[0]]})
 
 
 def test_a_named_tool_is_the_one_called_on_every_sample(client):
@@ -157,3 +170,31 @@ def test_tool_choice_none_answers_in_text(client):
                                        temperature=0)
     plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=12, temperature=0)
     assert r.choices[0].message.content == plain.choices[0].message.content and not r.choices[0].message.tool_calls
+
+
+def test_auto_with_a_strict_function_makes_every_begun_call_valid(client):
+    """`auto` leaves the choice to the model; with `strict`, a call it begins must follow the
+    schema (a triggered grammar), so every sample is plain text or a call that validates."""
+    strict = openai.pydantic_function_tool(GetWeather, name="get_weather")
+    assert strict["function"]["strict"] is True
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[strict], tool_choice="auto", n=8,
+                                       temperature=1.0, seed=3, max_tokens=80)
+    called = 0
+    for choice in r.choices:
+        if choice.message.tool_calls:
+            called += 1
+            assert choice.finish_reason == "tool_calls"
+            for call in choice.message.tool_calls:
+                assert call.function.name == "get_weather"
+                GetWeather.model_validate_json(call.function.arguments)
+        elif choice.finish_reason == "stop":
+            assert "<tool_call>" not in (choice.message.content or "")
+    assert called >= 1
+
+
+@pytest.mark.parametrize("block", ['{"name": ["get_time"], "arguments": {}}', '{"name": {"a": 1}}',
+                                   '{"name": "get_time", "arguments": "' + "[" * 50000 + '"}',
+                                   "[" * 50000 + "]" * 50000, '{"name": "get_time", "arguments": [1e999]}'])
+def test_model_output_that_is_no_call_stays_content(block):
+    text = f"<tool_call>\n{block}\n</tool_call>"
+    assert _parse_all(text, 1) == (text, [])
