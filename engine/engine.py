@@ -246,8 +246,8 @@ class LLMEngine:
         for i, (seq, tok, lp) in enumerate(zip(row_seqs, out.token_ids, out.logprobs)):
             req = self.requests[seq.request_id]
             if i in no_token:
-                self._end(seq, req, f"no token is left to sample: {intake.constraints(seq.params)} exclude every token "
-                          f"after {seq.num_output_tokens} generated")
+                self._end(seq, req, f"no token is left to sample: {intake.constraints(seq.params)} exclude "
+                          f"every token after {seq.num_output_tokens} generated")
             else:
                 self._append(seq, req, tok, lp, now)
             changed[req.request_id] = req

@@ -17,6 +17,7 @@ from collections import deque
 import torch
 import torch.multiprocessing as tmp
 
+import kernels
 from engine import parallel, spawn
 from engine.config import EngineConfig, Placement, ResolvedConfig, measures_memory
 from engine.models import loader
@@ -202,8 +203,6 @@ def create_executor(config: EngineConfig, placement: Placement, files: loader.Mo
     resolved against the model as loaded. The attention backend is chosen (and the native
     kernel built) here, once. A KV pool sized from free device memory is sized after this
     process has loaded its weights; the workers' own are counted from the config."""
-    import kernels
-
     backend = kernels.select_backend(placement.attention_backend, placement.device)
     dummy = config.load_format == "dummy"
     fused = backend == "native"  # the same native build carries the fused ops

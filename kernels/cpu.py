@@ -11,9 +11,12 @@ the engine keeps the torch path.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -24,6 +27,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp"]
 HEADERS = [CSRC / "vec.h"]
 _state: dict[str, object] = {}
+_unpinned: dict[int, set[int]] = {}  # thread id -> its CPU set before bind_threads pinned it
 
 
 def _cpu_key() -> str:
@@ -113,13 +117,32 @@ def paged_attention(
 def bind_threads(cores: list[int] | None = None) -> int:
     """Pin torch's intra-op threads one per core of `cores` (default: this process's CPU
     set); returns how many were pinned. Skipped (0) when there are fewer cores than
-    threads, or with PAGEDSERVE_BIND_THREADS=0. Parallel ranks pass disjoint core sets."""
+    threads, or with PAGEDSERVE_BIND_THREADS=0. Parallel ranks pass disjoint core sets.
+    The calling thread is one of them: its CPU set from before is kept for `unpinned`."""
     if os.environ.get("PAGEDSERVE_BIND_THREADS", "1") == "0" or not load():
         return 0
-    cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
+    before = _unpinned.setdefault(threading.get_ident(), os.sched_getaffinity(0))
+    cores = sorted(before) if cores is None else cores
     if len(cores) < torch.get_num_threads():
         return 0
     return int(_op("bind_threads")(torch.tensor(cores[: torch.get_num_threads()])))
+
+
+@contextlib.contextmanager
+def unpinned() -> Iterator[None]:
+    """This thread's CPU set as it was before bind_threads pinned it, for the duration. A
+    child process inherits the affinity of the thread that starts it: started from a
+    thread that steps an engine, it would otherwise be confined to that thread's one core."""
+    cpus = _unpinned.get(threading.get_ident())
+    if cpus is None:
+        yield
+        return
+    pinned = os.sched_getaffinity(0)  # pid 0: this thread, on Linux
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, pinned)
 
 
 def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -122,6 +122,18 @@ def tiny_model_factory(tmp_path_factory, default_model_dir):
     return make
 
 
+CPUS = os.sched_getaffinity(0)
+
+
+@pytest.fixture(autouse=True)
+def _unpin_main_thread():
+    """An offline LLM pins the thread that steps it (here pytest's) to one core, and every
+    process started from that thread afterwards (a `bentoml serve`, a README script)
+    would inherit that one core: each test starts from the CPU set the session had."""
+    yield
+    os.sched_setaffinity(0, CPUS)
+
+
 # -- the live server (tests/served.py) -------------------------------------------------------
 @pytest.fixture(scope="session")
 def bento_home(tmp_path_factory) -> Path:

@@ -65,3 +65,27 @@ def test_an_async_engine_process_started_without_a_main_guard(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Paris" in out.stdout
     assert noise(out.stderr) == [], out.stderr[-3000:]
+
+
+def test_an_engine_process_started_after_an_offline_run_gets_every_core(tiny_model_factory):
+    """The offline engine pins the thread that steps it; an engine process started from that
+    thread afterwards must still get the whole CPU set, not the one core it inherits."""
+    import multiprocessing as mp
+
+    from engine import LLM, SamplingParams
+    from engine import spawn
+
+    before = os.sched_getaffinity(0)
+    llm = LLM(str(tiny_model_factory("pin-tiny")), device="cpu", dtype="float32", max_model_len=64,
+              kv_cache_memory_bytes=8 << 20)
+    llm.generate(["hi"], SamplingParams(max_tokens=2), use_tqdm=False)
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_report_cpus, args=(child,))
+    spawn.start(proc)
+    assert parent.recv() == before
+    proc.join(30)
+
+
+def _report_cpus(conn) -> None:
+    conn.send(os.sched_getaffinity(0))

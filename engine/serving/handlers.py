@@ -17,11 +17,11 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from engine.engine import encode_prompt
 from engine.llm import apply_chat_template
 from engine.sampler import TokenLogprobs
 from engine.sampling_params import SamplingParams, StructuredOutput
 from engine.serving import tools as tools_mod
-from engine.engine import encode_prompt
 from engine.serving.admission import Offload
 from engine.serving.async_llm import AsyncLLM, StreamOutput
 from engine.serving.constraints import structured_output, token_keys
@@ -240,7 +240,8 @@ class OpenAIServing:
             raise bad_request("suffix is not supported", "suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request("best_of must equal n (no server-side ranking)", "best_of")
-        prompts = [await self.prompt_ids(p) for p in prompt_list(req.prompt)]
+        given = prompt_list(req.prompt)
+        prompts = [await self.prompt_ids(p) for p in given]
         names: dict[str, str] = {}
         # echo with logprobs scores the echoed prompt too, with as many alternatives as the output
         echo_lps = req.logprobs if req.echo and req.logprobs is not None else None
@@ -249,7 +250,7 @@ class OpenAIServing:
         rid = random_id("cmpl")
         started = await self._start(prompts, params, rid, req, names)
         n, total = req.n, req.n * len(prompts)
-        echoes = [self._echo(p) if req.echo else "" for p in prompts]
+        echoes = [self._echo(p) if req.echo else "" for p in given]  # a text prompt echoes as sent
         if req.stream:
             return self._completion_stream(rid, started, n, echoes, req.include_usage, req.logprobs,
                                            echo_lps is not None, req.continuous_usage)
