@@ -99,9 +99,9 @@ class LLMService:
         limits = QueueLimits(queue.max_waiting_requests, queue.max_waiting_tokens)
         _claim_cores(PRESET.service.workers, config)
         self.llm = AsyncLLM.start(config, engine_metrics(served), limits)
-        aliases = [self.llm.hf_id] if self.llm.hf_id else []  # clients may also name it by its HF id
-        self.serving = OpenAIServing(self.llm, served, root or self.llm.model_name, aliases)
-        logger.info("serving %s (max_model_len %d) from %s", served, self.llm.max_model_len, root or "embedded")
+        aliases = [self.llm.info.hf_id] if self.llm.info.hf_id else []  # clients may also name it by its HF id
+        self.serving = OpenAIServing(self.llm, served, root or self.llm.info.model_name, aliases)
+        logger.info("serving %s (max_model_len %d) from %s", served, self.llm.info.max_model_len, root or "embedded")
         self._drain_on_sigterm()
 
     def _drain_on_sigterm(self) -> None:

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from engine.errors import ParamError
+from kernels.backend import AttentionBackend, select as select_backend
 
 logger = logging.getLogger(__name__)
 
@@ -106,24 +107,23 @@ def cpu_has_bf16() -> bool:
 @dataclass(frozen=True)
 class Placement:
     """Where and in what the model runs, known before anything is built. The attention
-    backend is the one asked for, checked against the device; kernels.select_backend
-    turns it into the one that runs, once, where the engine builds its executor."""
+    backend is chosen here, once, and built (`load`) where the engine builds its model."""
 
     device: torch.device
     dtype: torch.dtype
-    attention_backend: str
+    attention_backend: AttentionBackend
     max_positions: int  # rotary table length
 
     @classmethod
     def resolve(cls, config: EngineConfig, hf_config: Any) -> "Placement":
         device = _device(config.device)
         dtype = _dtype(config.dtype, device)
-        _check_backend(config.attention_backend, device)
+        backend = select_backend(config.attention_backend, device)
         positions = int(getattr(hf_config, "max_position_embeddings", 2048))
         if config.max_model_len is not None and config.max_model_len > positions:
             raise ParamError("max_model_len", f"max_model_len ({config.max_model_len}) exceeds the model's "
                              f"max_position_embeddings ({positions})")
-        return cls(device, dtype, config.attention_backend, positions)
+        return cls(device, dtype, backend, positions)
 
 
 @dataclass(frozen=True)
@@ -132,13 +132,13 @@ class ResolvedConfig:
 
     device: torch.device
     dtype: torch.dtype
-    attention_backend: str
+    attention_backend: AttentionBackend  # loaded: the one that runs
     max_model_len: int
     max_positions: int  # rotary table length
     num_blocks: int
 
     @classmethod
-    def resolve(cls, config: EngineConfig, hf_config: Any, placement: Placement, attention_backend: str,
+    def resolve(cls, config: EngineConfig, hf_config: Any, placement: Placement, attention_backend: AttentionBackend,
                 pending_bytes: int = 0) -> "ResolvedConfig":
         """Size the KV pool. On CUDA without kv_cache_memory_bytes it takes
         gpu_memory_utilization of the memory free now, less `pending_bytes` of weights that
@@ -182,14 +182,6 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
             return torch.bfloat16
         return torch.float32
     return getattr(torch, name)
-
-
-def _check_backend(name: str, device: torch.device) -> None:
-    if name == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ParamError("attention_backend", "attention_backend triton on the CPU needs TRITON_INTERPRET=1; "
-                         "use auto, native or torch")
-    if name == "native" and device.type != "cpu":
-        raise ParamError("attention_backend", "attention_backend native is the CPU kernel; use triton on cuda")
 
 
 def free_device_memory(device: torch.device) -> int:

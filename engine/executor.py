@@ -17,7 +17,6 @@ from collections import deque
 import torch
 import torch.multiprocessing as tmp
 
-import kernels
 from engine import parallel, spawn
 from engine.config import EngineConfig, Placement, ResolvedConfig, measures_memory
 from engine.models import loader
@@ -200,12 +199,12 @@ class ParallelExecutor:
 def create_executor(config: EngineConfig, placement: Placement, files: loader.ModelFiles, hf_config
                     ) -> tuple[LocalExecutor | ParallelExecutor, ResolvedConfig]:
     """In this process for tp = pp = 1, else over worker processes; with the config
-    resolved against the model as loaded. The attention backend is chosen (and the native
-    kernel built) here, once. A KV pool sized from free device memory is sized after this
+    resolved against the model as loaded. The attention backend chosen with the placement
+    is built here, once. A KV pool sized from free device memory is sized after this
     process has loaded its weights; the workers' own are counted from the config."""
-    backend = kernels.select_backend(placement.attention_backend, placement.device)
+    backend = placement.attention_backend.load()
     dummy = config.load_format == "dummy"
-    fused = backend == "native"  # the same native build carries the fused ops
+    fused = backend.fused_ops
     if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
         model = loader.build_model(None if dummy else files, hf_config, placement.dtype, placement.device,
                                    max_positions=placement.max_positions, dummy=dummy, seed=config.seed, fused=fused)

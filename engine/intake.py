@@ -1,18 +1,59 @@
-"""What the core checks of a request that only it can know: the tokenizer's view of
-bad_words, and sampling fields that together leave no token to sample."""
+"""What the core checks of a request before it queues it: what only it can know (the
+vocabulary, max_model_len, the tokenizer's view of bad_words, which tokens the model
+stops on). Field values themselves were checked once, where SamplingParams was built."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import ParamError
 from engine.sampling_params import SamplingParams
 
 
+@dataclass
+class Admitted:
+    """What admission resolved: the sequence's own limits, never written back into params."""
+
+    max_tokens: int
+    bad_words: list[list[int]] | None
+
+
+def check_token_ids(vocab_size: int, prompt: list[int], params: SamplingParams) -> None:
+    """Every token id a request names, inside the vocabulary. AsyncLLM runs it too, before
+    the ids cross to the engine process: an id of any size is the client's error, never
+    the pipe's."""
+    for name, used in (("prompt", prompt), *params.token_ids_used().items()):
+        if any(type(t) is not int or not 0 <= t < vocab_size for t in used):
+            raise ParamError(name, f"{name} names token ids outside the vocabulary [0, {vocab_size})")
+
+
+def admit(prompt: list[int], params: SamplingParams, *, vocab_size: int, max_model_len: int,
+          max_num_seqs: int, tokenizer: Any, eos_token_ids: list[int]) -> Admitted:
+    if not prompt:
+        raise ParamError("prompt", "prompt must not be empty")
+    check_token_ids(vocab_size, prompt, params)
+    n_prompt = len(prompt)
+    if n_prompt >= max_model_len:
+        raise ParamError("prompt", f"prompt has {n_prompt} tokens; max_model_len is {max_model_len}, which must "
+                         "also leave room for at least one generated token")
+    max_tokens = params.max_tokens
+    if max_tokens is None:
+        max_tokens = max_model_len - n_prompt
+    elif n_prompt + max_tokens > max_model_len:
+        raise ParamError("max_tokens", f"max_tokens ({max_tokens}) plus the prompt's {n_prompt} tokens exceeds "
+                         f"max_model_len ({max_model_len})")
+    if params.n > max_num_seqs:
+        raise ParamError("n", f"n ({params.n}) exceeds max_num_seqs ({max_num_seqs})")
+    bad_words = bad_words_ids(tokenizer, params)
+    check_contradictions(params, bad_words, eos_token_ids)
+    return Admitted(max_tokens, bad_words)
+
+
 def bad_words_ids(tokenizer: Any, params: SamplingParams) -> list[list[int]] | None:
     """Each bad word's tokens as it starts the text and as it follows a space, as vLLM."""
-    if params.bad_words_token_ids is not None or not params.bad_words:
-        return params.bad_words_token_ids
+    if not params.bad_words:
+        return None
     ids: list[list[int]] = []
     for word in params.bad_words:
         for text in dict.fromkeys([word, " " + word.lstrip()]):
@@ -22,14 +63,14 @@ def bad_words_ids(tokenizer: Any, params: SamplingParams) -> list[list[int]] | N
     return ids
 
 
-def check_contradictions(params: SamplingParams, eos_token_ids: list[int]) -> None:
+def check_contradictions(params: SamplingParams, bad_words: list[list[int]] | None,
+                         eos_token_ids: list[int]) -> None:
     """Refuse up front what could never sample a token: allowed ids that bad_words (or,
-    before min_tokens, the stop and eos tokens) all ban. `params.bad_words_token_ids` must
-    be filled. A grammar's part in it shows only while decoding, where the engine ends
-    the sequence with an error instead."""
+    before min_tokens, the stop and eos tokens) all ban. A grammar's part in it shows only
+    while decoding, where the engine ends the sequence with an error instead."""
     if params.allowed_token_ids is None:
         return
-    banned = {ids[0]: "bad_words" for ids in params.bad_words_token_ids or [] if len(ids) == 1}
+    banned = {ids[0]: "bad_words" for ids in bad_words or [] if len(ids) == 1}
     if params.min_tokens > 0:
         for t in [*eos_token_ids, *params.stop_token_ids]:
             banned.setdefault(t, "min_tokens (stop and eos tokens are banned until it is reached)")

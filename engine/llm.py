@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.errors import ParamError
-from engine.outputs import RequestOutput
+from engine.outputs import Collector, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
 
@@ -61,17 +61,20 @@ class LLM:
             params = [params] * len(prompts)
         elif len(params) != len(prompts):
             raise ParamError("params", f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        ids = []
+        ids: list[str] = []
+        collector = Collector()
         try:
             for prompt, p in zip(prompts, params):
                 rid = str(next(self._ids))
-                self.engine.add_request(rid, prompt, p)
+                token_ids = self.engine.tokenize(prompt)
+                self.engine.add_request(rid, token_ids, p)
+                collector.expect(rid, prompt if isinstance(prompt, str) else None, token_ids)
                 ids.append(rid)
         except ValueError:
             for rid in ids:
                 self.engine.abort(rid)
             raise
-        return self._run(ids, use_tqdm)
+        return self._run(ids, collector, use_tqdm)
 
     def chat(
         self,
@@ -88,20 +91,16 @@ class LLM:
     def apply_chat_template(self, conversation: list[Message], add_generation_prompt: bool = True) -> list[int]:
         return apply_chat_template(self.tokenizer, conversation, add_generation_prompt)
 
-    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, ids: list[str], collector: Collector, use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
-        prompt_lps: dict[str, list] = {}  # sent once, before the request finishes
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm or len(ids) < 2)
         while self.engine.has_unfinished():
-            for out in self.engine.step().outputs:
-                if out.prompt_logprobs is not None:
-                    prompt_lps[out.request_id] = out.prompt_logprobs
+            for delta in self.engine.step().outputs:
+                out = collector.add(delta)
                 if out.finished:
                     done[out.request_id] = out
                     bar.update(1)
         bar.close()
-        for rid, lps in prompt_lps.items():
-            done[rid].prompt_logprobs = lps
         return [done[rid] for rid in ids]
 
     def stats(self) -> EngineStats:

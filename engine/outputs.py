@@ -1,57 +1,28 @@
-"""What the engine hands back each step: vLLM-shaped outputs that carry their deltas."""
+"""The offline API's results: cumulative, vLLM-shaped outputs, folded from the engine's
+per-step deltas at the LLM's edge (engine/messages.py has what the core emits)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-
-@dataclass
-class CompletionDelta:
-    """What one sequence produced in the step that reported it."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[Any] | None  # engine.sampler.TokenLogprobs per new token, when asked for
-    finish_reason: str | None = None  # set on the one delta that finishes the sequence
-    stop_reason: int | str | None = None
-    error: str | None = None  # why a sequence ended with "abort" when the engine ended it
-
-    def extend(self, later: CompletionDelta) -> None:
-        """Fold a later delta of the same sequence into this one (a reader that fell behind)."""
-        self.text += later.text
-        self.token_ids += later.token_ids
-        if self.logprobs is not None and later.logprobs is not None:
-            self.logprobs += later.logprobs
-        if later.finish_reason is not None:
-            self.finish_reason, self.stop_reason, self.error = later.finish_reason, later.stop_reason, later.error
+from engine.messages import RequestDelta, RequestMetrics, TokenLogprobs
 
 
 @dataclass
 class CompletionOutput:
-    """One generated sequence: cumulative state, plus `delta` for what this step added."""
+    """One generated sequence."""
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None  # the stop string or stop token that matched
-    logprobs: list[Any] | None = None  # engine.sampler.TokenLogprobs per token
-    delta: CompletionDelta | None = None  # None when the sequence did not change this step
+    logprobs: list[TokenLogprobs] | None = None  # per token, when asked for
     error: str | None = None  # set with finish_reason "abort" when the request's own constraints ended it
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-
-@dataclass
-class RequestMetrics:
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    finished_time: float | None = None
 
 
 @dataclass
@@ -63,10 +34,53 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = field(default=None, repr=False)
-    # Sent once, in the first output after the whole prompt is computed: None for the first
-    # prompt token, then engine.sampler.TokenLogprobs for each of the others.
-    prompt_logprobs: list[Any] | None = None
+    # None for the first prompt token (nothing predicts it), then TokenLogprobs for each other.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
-    @property
-    def deltas(self) -> list[CompletionDelta]:
-        return [c.delta for c in self.outputs if c.delta is not None]
+
+class Folder:
+    """One request's deltas folded into a RequestOutput. Text is joined once, when the
+    request finishes, so folding costs the size of each delta, not of the text so far."""
+
+    def __init__(self, request_id: str, prompt: str | None = None, prompt_token_ids: list[int] | None = None
+                 ) -> None:
+        self.output = RequestOutput(request_id, prompt, list(prompt_token_ids or []), [], False)
+        self._parts: dict[int, list[str]] = {}
+
+    def add(self, delta: RequestDelta) -> RequestOutput:
+        out = self.output
+        for d in delta.deltas:
+            if d.index not in self._parts:
+                self._parts[d.index] = []
+                out.outputs.append(CompletionOutput(d.index, "", [], logprobs=None if d.logprobs is None else []))
+                out.outputs.sort(key=lambda c: c.index)
+            comp = next(c for c in out.outputs if c.index == d.index)
+            self._parts[d.index].append(d.text)
+            comp.token_ids += d.token_ids
+            if d.logprobs is not None and comp.logprobs is not None:
+                comp.logprobs += d.logprobs
+            if d.finish_reason is not None:
+                comp.finish_reason, comp.stop_reason, comp.error = d.finish_reason, d.stop_reason, d.error
+        out.finished, out.num_cached_tokens, out.metrics = delta.finished, delta.num_cached_tokens, delta.metrics
+        if delta.prompt_logprobs is not None:
+            out.prompt_logprobs = delta.prompt_logprobs
+        if delta.finished:
+            for comp in out.outputs:
+                comp.text = "".join(self._parts[comp.index])
+        return out
+
+
+class Collector:
+    """Folds a stream of steps' outputs into one RequestOutput per request."""
+
+    def __init__(self) -> None:
+        self.folders: dict[str, Folder] = {}
+
+    def expect(self, request_id: str, prompt: str | None, prompt_token_ids: list[int]) -> None:
+        self.folders[request_id] = Folder(request_id, prompt, prompt_token_ids)
+
+    def add(self, delta: RequestDelta) -> RequestOutput:
+        """The request's output so far (texts complete once it has finished)."""
+        if delta.request_id not in self.folders:
+            self.folders[delta.request_id] = Folder(delta.request_id)
+        return self.folders[delta.request_id].add(delta)

@@ -1,12 +1,18 @@
-"""A user request inside the engine: its n sequences and what they produced since the last output."""
+"""A user request inside the engine: its n sequences, what they produced since the last
+output, and how that output is assembled (deltas only, never the text so far)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
+import torch
+
 from engine.detokenizer import Detokenizer
-from engine.outputs import CompletionDelta, RequestMetrics
-from engine.sampler import TokenLogprobs
+from engine.messages import CompletionDelta, RequestDelta, RequestMetrics, TokenLogprobs
+from engine.sampler import token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
@@ -16,7 +22,6 @@ class Request:
     """A user request: n sequences that share a prompt, forked once the prompt is computed."""
 
     request_id: str
-    prompt: str | None
     params: SamplingParams
     seqs: list[Sequence]
     detoks: list[Detokenizer]
@@ -43,3 +48,49 @@ class Request:
             lps = [] if seq.params.logprobs is not None else None
             self.deltas[seq.index] = CompletionDelta(seq.index, "", [], lps)
         return self.deltas[seq.index]
+
+    def fork(self, parent: Sequence, make: Callable[[int], Sequence]) -> list[Sequence]:
+        """Once the shared prompt is computed, the other n-1 sequences, each where the
+        parent is (the caller shares the parent's blocks with them)."""
+        if self.pending_forks == 0 or parent.num_output_tokens > 0:
+            return []
+        children = []
+        for i in range(1, self.pending_forks + 1):
+            child = make(i)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.priority = parent.priority
+            child.num_cached_tokens = parent.num_cached_tokens
+            self.seqs.append(child)
+            self.detoks.append(Detokenizer(self.detoks[0].tokenizer, parent.prompt_token_ids, self.params))
+            children.append(child)
+        self.pending_forks = 0
+        return children
+
+    def score_prompt(self, seq: Sequence, first: int, rows: torch.Tensor) -> None:
+        """Extend the prompt logprobs by one chunk: `rows` are the logits at positions
+        first.. first+len(rows)-1, each predicting the token after it. A sequence that
+        recomputes its prompt (after preemption, or a fork) adds nothing already recorded."""
+        count = rows.shape[0]
+        skip = max(0, len(self.prompt_logprobs) - 1 - first)
+        if skip < count:
+            targets = seq.token_ids[first + 1 + skip:first + 1 + count]
+            k = self.params.prompt_logprobs or 0
+            self.prompt_logprobs.extend(token_logprobs(rows[skip:], targets, [k] * len(targets)))
+
+    def take_output(self) -> RequestDelta:
+        """What changed since the last output. Costs the size of the news, not of the answer."""
+        finished = self.finished
+        if finished:
+            self.metrics.finished_time = time.monotonic()
+        first = self.seqs[0]
+        prompt_lps = None
+        if (self.prompt_logprobs and not self.prompt_logprobs_sent
+                and len(self.prompt_logprobs) == first.num_prompt_tokens):
+            prompt_lps, self.prompt_logprobs_sent = self.prompt_logprobs, True
+        out = RequestDelta(
+            self.request_id, first.num_prompt_tokens, list(self.deltas.values()), finished,
+            sum(s.num_output_tokens for s in self.seqs), first.num_cached_tokens,
+            msgspec.structs.replace(self.metrics), prompt_lps,
+            [s.finish_reason or "abort" for s in self.seqs] if finished else None)
+        self.deltas = {}
+        return out

@@ -14,6 +14,7 @@ import torch
 
 import kernels
 import kernels.cpu
+from kernels.backend import AttentionBackend, TorchBackend
 from engine.kv_cache_manager import KVCacheManager
 from engine.models.llama import AttnMetadata, LlamaForCausalLM, head_dim
 from engine.scheduler import Batch
@@ -143,7 +144,7 @@ class ModelRunner:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
-        backend: str = "auto",
+        backend: AttentionBackend = TorchBackend(),
         cores: list[int] | None = None,
     ) -> None:
         self.model = model
@@ -151,7 +152,7 @@ class ModelRunner:
         self.dtype = dtype
         self.backend = backend
         self.cores = cores
-        self._threads_bound = backend != "native"  # pinned on first use, by the thread that steps
+        self._threads_bound = not backend.pins_threads  # pinned on first use, by the thread that steps
         num_kv = model.layers[0].self_attn.num_kv_heads if len(model.layers) else 0
         shape = (num_blocks, block_size, num_kv, head_dim(model.config))
         self.kv_caches = [

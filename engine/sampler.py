@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from engine.messages import TokenLogprobs
 from engine.sampling_params import SamplingParams
 
 
@@ -25,14 +26,7 @@ class SamplingRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # generated before this step
     matcher: Any = None  # engine.structured.Matcher: the grammar's mask applies
-
-
-@dataclass
-class TokenLogprobs:
-    token_id: int
-    logprob: float
-    rank: int  # of the sampled token in the raw distribution, 1 = most likely
-    top: list[tuple[int, float]]  # the k most likely (token_id, logprob), best first
+    bad_words: list[list[int]] | None = None  # the request's bad_words as token ids (engine/intake.py)
 
 
 @dataclass
@@ -89,7 +83,7 @@ class Sampler:
         """The rows where nothing is left to sample. Only constraints that ban tokens
         outright can get there, so only their rows are looked at."""
         maybe = [i for i, r in enumerate(rows)
-                 if r.matcher is not None or r.params.allowed_token_ids is not None or r.params.bad_words_token_ids
+                 if r.matcher is not None or r.params.allowed_token_ids is not None or r.bad_words
                  or len(r.output_token_ids) < r.params.min_tokens]
         if not maybe:
             return []
@@ -183,7 +177,7 @@ def apply_bad_words(x: torch.Tensor, rows: list[SamplingRow]) -> None:
     """vLLM's bad_words, in place: a one-token word is always banned; a longer one loses
     its last token whenever the output so far ends with the rest of it."""
     for i, r in enumerate(rows):
-        for ids in r.params.bad_words_token_ids or ():
+        for ids in r.bad_words or ():
             *head, last = ids
             if not head or r.output_token_ids[-len(head):] == head:
                 x[i, last] = -torch.inf

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.errors import ParamError
 
@@ -55,7 +56,6 @@ class SamplingParams:
     structured: StructuredOutput | None = None  # engine/structured.py
     prompt_logprobs: int | None = None  # logprob and top-k of every prompt token (the first has none)
     bad_words: list[str] = field(default_factory=list)  # never generated, whether or not led by a space
-    bad_words_token_ids: list[list[int]] | None = None  # bad_words tokenized: the engine fills it
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -97,16 +97,23 @@ class SamplingParams:
             _check(self, "allowed_token_ids", bool(self.allowed_token_ids) and min(self.allowed_token_ids) >= 0,
                    "must be a non-empty list of non-negative token ids")
 
-        if isinstance(self.structured, dict):  # as it crosses a process boundary
-            self.structured = StructuredOutput(**self.structured)
         _check(self, "structured", self.structured is None or self.structured.kind in STRUCTURED_KINDS,
                f"kind must be one of {', '.join(STRUCTURED_KINDS)}")
 
+    @classmethod
+    def trusted(cls, fields: dict[str, Any]) -> SamplingParams:
+        """Params checked where they were made (the serving process), rebuilt from their
+        fields as they crossed to the engine process, without checking them again."""
+        params = object.__new__(cls)
+        params.__dict__.update(fields)
+        if isinstance(params.structured, dict):
+            params.structured = StructuredOutput(**params.structured)
+        return params
+
     def token_ids_used(self) -> dict[str, list[int]]:
-        """Every token id a field names, by field: the engine checks them against its vocabulary."""
+        """Every token id a field names, by field: checked against the vocabulary."""
         return {"stop_token_ids": self.stop_token_ids, "logit_bias": list(self.logit_bias),
-                "allowed_token_ids": self.allowed_token_ids or [],
-                "bad_words": [t for ids in self.bad_words_token_ids or [] for t in ids]}
+                "allowed_token_ids": self.allowed_token_ids or []}
 
     @property
     def greedy(self) -> bool:

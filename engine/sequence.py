@@ -30,6 +30,7 @@ class Sequence:
     index: int  # which of the request's n samples
     prompt_token_ids: list[int]
     params: SamplingParams
+    max_tokens: int  # params.max_tokens, or what max_model_len leaves after the prompt
     generator: torch.Generator | None = None
     cache_salt: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
@@ -45,6 +46,7 @@ class Sequence:
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     matcher: Any = None  # engine.structured.Matcher when the output is constrained
+    bad_words: list[list[int]] | None = None  # params.bad_words as token ids (engine/intake.py)
     priority: int = 0  # with scheduling_policy "priority": lower runs first
     # In a pipeline's batch whose logits have not come back: not scheduled or preempted again
     # until they do (its next token is unknown and its KV is being written).
@@ -73,8 +75,3 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
-
-    @property
-    def max_tokens(self) -> int:
-        assert self.params.max_tokens is not None, "the engine fills max_tokens at admission"
-        return self.params.max_tokens

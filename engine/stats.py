@@ -1,15 +1,19 @@
-"""Engine statistics as typed records: per-step increments, and a snapshot read on demand."""
+"""Engine statistics as typed records (per-step increments, and a snapshot read on
+demand), and the tracker that keeps them next to the scheduler."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
 class StepStats:
-    """What one step did. Counters are increments for this step only; gauges are O(1) reads."""
+    """What one step did. Counters are increments for this step only; gauges are O(1) reads.
+    The serving side's counters and gauges come from here and nowhere else."""
 
     prompt_tokens_computed: int = 0  # prompt tokens that went through the model
+    prompt_tokens: int = 0  # prompt tokens of requests whose first token came this step
     generation_tokens: int = 0
     preemptions: int = 0
     prefix_cache_query_tokens: int = 0
@@ -41,3 +45,63 @@ class EngineStats:
     prefix_cache_hit_tokens: int
     prompt_tokens_computed: int
     generation_tokens: int
+
+
+class StatsTracker:
+    """Running totals of every step's counters, the KV waste average, and the gauges read
+    from the scheduler and the block pool."""
+
+    def __init__(self, scheduler: Any, kv_manager: Any) -> None:
+        self.scheduler, self.kv_manager = scheduler, kv_manager
+        self.totals = StepStats()
+        self._waste_sum = 0.0
+        self._waste_steps = 0
+
+    def track_waste(self) -> None:
+        allocated, stored = self.scheduler.kv_fill()
+        if allocated:
+            self._waste_sum += (allocated - stored) / allocated
+            self._waste_steps += 1
+
+    def gauges(self, stats: StepStats | None = None) -> StepStats:
+        """Fill `stats`' O(1) gauges (a fresh StepStats when a caller changed state outside a step)."""
+        stats = stats or StepStats()
+        pool = self.kv_manager.pool
+        stats.num_running = self.scheduler.num_running
+        stats.num_waiting = self.scheduler.num_waiting
+        stats.blocks_free = pool.num_free
+        stats.blocks_shared = pool.num_shared
+        stats.blocks_cached_free = pool.num_cached_free
+        stats.kv_cache_usage = self.kv_manager.usage
+        return stats
+
+    def add(self, stats: StepStats) -> None:
+        t = self.totals
+        t.prompt_tokens_computed += stats.prompt_tokens_computed
+        t.generation_tokens += stats.generation_tokens
+        t.preemptions += stats.preemptions
+        t.prefix_cache_query_tokens += stats.prefix_cache_query_tokens
+        t.prefix_cache_hit_tokens += stats.prefix_cache_hit_tokens
+
+    def snapshot(self) -> EngineStats:
+        """Read now: call it between steps."""
+        pool = self.kv_manager.pool
+        allocated, stored = self.scheduler.kv_fill()
+        t = self.totals
+        return EngineStats(
+            blocks_total=pool.num_blocks,
+            blocks_free=pool.num_free,
+            blocks_used=pool.num_blocks - pool.num_free,
+            blocks_shared=pool.num_shared,
+            blocks_cached_free=pool.num_cached_free,
+            kv_cache_usage=self.kv_manager.usage,
+            kv_waste=(allocated - stored) / allocated if allocated else 0.0,
+            kv_waste_mean=self._waste_sum / self._waste_steps if self._waste_steps else 0.0,
+            num_preemptions=t.preemptions,
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            prefix_cache_query_tokens=t.prefix_cache_query_tokens,
+            prefix_cache_hit_tokens=t.prefix_cache_hit_tokens,
+            prompt_tokens_computed=t.prompt_tokens_computed,
+            generation_tokens=t.generation_tokens,
+        )

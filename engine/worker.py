@@ -19,6 +19,7 @@ import torch
 from engine import parallel
 from engine.models import loader
 from engine.runner import HEADER, NOOP, STOP, ModelRunner, StepTensors
+from kernels.backend import AttentionBackend
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class WorkerSpec:
     max_positions: int
     num_blocks: int
     block_size: int
-    attention_backend: str
+    attention_backend: AttentionBackend  # loaded by the driver; the workers' builds hit its cache
     seed: int
     tp: int
     pp: int
@@ -57,7 +58,7 @@ def build(spec: WorkerSpec, rank: int, waiting: Callable[[], None] | None = None
     group = parallel.connect(layout, spec.port, parallel.backend_for(device), spec.timeout_s, waiting)
     model = loader.build_model(spec.files, spec.hf_config, spec.dtype, device, max_positions=spec.max_positions,
                                dummy=spec.files is None, seed=spec.seed + rank,
-                               fused=spec.attention_backend == "native", dist=group)
+                               fused=spec.attention_backend.fused_ops, dist=group)
     runner = ModelRunner(model, spec.num_blocks, spec.block_size, spec.dtype, device, spec.attention_backend,
                          cores)
     return group, runner

@@ -3,8 +3,8 @@
 Each op has a Triton kernel and a pure-torch reference; attention also has a native
 CPU kernel (kernels/cpu.py) that serves decode and chunked prefill in one call per
 layer. `backend="auto"` picks Triton on CUDA tensors and torch on the CPU; "triton",
-"torch" and "native" force one (Triton on the CPU needs TRITON_INTERPRET=1). The engine
-resolves "auto" once at start-up, to "native" on the CPU when the kernel builds.
+"torch" and "native" force one (Triton on the CPU needs TRITON_INTERPRET=1). An engine
+does not call these: it holds one kernels.backend.AttentionBackend, chosen once.
 
 Layouts:
   k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
@@ -23,26 +23,6 @@ from kernels import reference
 __all__ = ["store_kv", "paged_attention", "paged_attention_decode", "paged_attention_prefill", "copy_blocks"]
 
 _BACKENDS = ("auto", "torch", "triton", "native")
-
-
-def select_backend(name: str, device: torch.device) -> str:
-    """The attention backend that will run, decided once per engine: "auto" is Triton on
-    CUDA and, on the CPU, the native kernel when it builds (here, once per machine; without
-    a compiler it warns and the torch path runs). Asking for "native" where it cannot be
-    built is an error rather than a silent fallback."""
-    from engine.errors import ParamError
-
-    if name in ("auto", "native") and device.type == "cpu":
-        from kernels import cpu
-
-        if cpu.available():
-            return "native"
-        if name == "native":
-            raise ParamError("attention_backend", "the native CPU kernel could not be built (see the warning)")
-        return "torch"
-    if name == "auto":
-        return "triton" if device.type == "cuda" else "torch"
-    return name
 
 
 def _use_triton(backend: str, t: torch.Tensor) -> bool:

@@ -191,7 +191,7 @@ def main() -> None:
         t0 = time.perf_counter()
         llm = make_engine(args.model, args.dtype, args, args.tp, args.pp)
         print(f"engine start-up {time.perf_counter() - t0:.1f}s, "
-              f"attention backend {llm.engine.resolved.attention_backend}, tp {args.tp} pp {args.pp}")
+              f"attention backend {llm.engine.resolved.attention_backend.name}, tp {args.tp} pp {args.pp}")
         for i in range(args.runs):
             results["engine"].append(total_out / run_engine(llm, reqs))
             print(f"engine run {i + 1}: {results['engine'][-1]:8.1f} tok/s")

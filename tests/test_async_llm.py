@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.outputs import Collector
 from engine.sampling_params import SamplingParams
 from engine.serving.async_llm import AsyncLLM, EngineDeadError
 from engine.serving.metrics import EngineMetrics
@@ -85,10 +86,13 @@ def test_deltas_reassemble_the_offline_output(llm, config):
     items = run(collect(llm.generate("Hello there, how", params)))
     assert items[-1].finished and not any(o.finished for o in items[:-1])
     offline = LLMEngine(config)  # the same seeded request, stepped here to the end
-    offline.add_request("r", "Hello there, how", params)
+    ids = offline.tokenize("Hello there, how")
+    offline.add_request("r", ids, params)
+    collector = Collector()
+    collector.expect("r", None, ids)
     final = None
     while offline.has_unfinished():
-        final = next((o for o in offline.step().outputs if o.finished), final)
+        final = next((o for o in map(collector.add, offline.step().outputs) if o.finished), final)
     assert final is not None and items[-1].prompt_token_ids == final.prompt_token_ids
     for comp in final.outputs:
         mine = [d for o in items for d in o.deltas if d.index == comp.index]

@@ -139,7 +139,7 @@ def test_abort_frees_blocks_mid_generation(llm):
         eng.step()
     assert eng.stats().blocks_used > 0
     out = eng.abort("long")
-    assert out.finished and out.outputs[0].finish_reason == "abort"
+    assert out.finished and out.deltas[0].finish_reason == "abort" and out.finish_reasons == ["abort"]
     while eng.has_unfinished():
         eng.step()
     assert eng.stats().blocks_free == eng.stats().blocks_total

@@ -196,7 +196,7 @@ def test_without_a_compiler_the_engine_warns_once_and_keeps_the_torch_path(tiny_
     path = str(tiny_model_factory("fallback-tiny"))
     with caplog.at_level("WARNING"):
         llm = LLM(path, device="cpu", **SMALL)
-    assert llm.engine.resolved.attention_backend == "torch"
+    assert llm.engine.resolved.attention_backend.name == "torch"
     assert [r.message for r in caplog.records if "native CPU attention unavailable" in r.message]
     prompt = llm.tokenizer.encode("The capital of France is")
     assert greedy_ids(llm, [prompt]) == [transformers_greedy(path, prompt)]

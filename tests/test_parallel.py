@@ -14,6 +14,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.executor import ParallelExecutor
 from engine.models.llama import kv_block_bytes
+from engine.outputs import Collector
 from engine.runner import prepare
 from tests.conftest import make_prompts
 
@@ -119,9 +120,10 @@ def test_pipeline_keeps_batches_in_flight_through_preemption_and_chunking(model_
         params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
         for i, p in enumerate(prompts):
             engine.add_request(str(i), p, params)
-        outputs = {}
+        outputs, collector = {}, Collector()
         while engine.has_unfinished():
-            for out in engine.step().outputs:
+            for delta in engine.step().outputs:
+                out = collector.add(delta)
                 if out.finished:
                     outputs[int(out.request_id)] = out.outputs[0].token_ids
         stats = llm.stats()
@@ -178,9 +180,10 @@ def test_pipeline_sampling_features_and_aborts_in_flight(model_path, prompts):
         aborted = [s.request_id for s in engine.scheduler.running if s.in_flight]
         for rid in aborted:
             assert engine.abort(rid).finished
-        done = {}
+        done, collector = {}, Collector()
         while engine.has_unfinished():
-            for out in engine.step().outputs:
+            for delta in engine.step().outputs:
+                out = collector.add(delta)
                 if out.finished:
                     done[out.request_id] = out.outputs[0]
         assert llm.stats().blocks_used == 0

@@ -140,7 +140,7 @@ def test_unset_sampling_fields_take_the_models_generation_config(tiny_model_fact
                               kv_cache_memory_bytes=64 * 8192)
     llm = AsyncLLM.start(cfg)  # the defaults cross from the engine process
     serving = OpenAIServing(llm, "tiny")
-    assert llm.sampling_defaults == {"temperature": 0.0, "top_k": 5}
+    assert llm.info.sampling_defaults == {"temperature": 0.0, "top_k": 5}
     unset = serving.sampling_params(CompletionRequest(prompt="hi"), 8, None, {})
     assert unset.temperature == 0.0 and unset.top_k == 5
     explicit = serving.sampling_params(CompletionRequest(prompt="hi", temperature=0.7, top_k=0), 8, None, {})
@@ -278,11 +278,10 @@ def test_internal_errors_reach_the_client_as_an_id_and_the_log_as_details(tiny_m
 
 
 def test_resolving_a_config_builds_nothing(tiny_model_factory, monkeypatch):
-    """The attention backend is decided, and the native kernel built, in one place: where
-    the engine builds its executor (kernels.select_backend), never while resolving a config."""
+    """The attention backend is chosen once, when the config resolves, and built where the
+    engine builds its model (AttentionBackend.load), never while resolving a config."""
     from torch.utils import cpp_extension
 
-    import kernels
     from engine.config import EngineConfig, Placement
     from engine.models import loader
     from kernels import cpu
@@ -294,6 +293,6 @@ def test_resolving_a_config_builds_nothing(tiny_model_factory, monkeypatch):
     monkeypatch.setattr(cpp_extension, "load", no_build)
     hf_config = loader.load_config(loader.resolve(str(tiny_model_factory("dead-tiny"))))
     placement = Placement.resolve(EngineConfig.create(device="cpu", attention_backend="auto"), hf_config)
-    assert placement.attention_backend == "auto" and cpu._state == {}
+    assert placement.attention_backend.name == "native" and cpu._state == {}
     monkeypatch.undo()
-    assert kernels.select_backend("auto", placement.device) in ("native", "torch")
+    assert placement.attention_backend.load().name in ("native", "torch")

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
 from engine import parallel
 from engine.models import packed_linear
 from kernels import cpu as cpu_kernels
+from kernels.backend import AttentionBackend, TorchBackend
 
 
 @dataclass
@@ -38,7 +38,7 @@ class AttnMetadata:
     block_tables: torch.Tensor  # int32 [num_seqs, max_blocks]
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
     seq_lens: torch.Tensor  # int32 [num_seqs]
-    backend: str = "auto"
+    backend: AttentionBackend = field(default_factory=TorchBackend)
 
 
 def rope_inv_freq(config) -> torch.Tensor:
@@ -121,33 +121,15 @@ class Attention(nn.Module):
         n = x.shape[0]
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(n, self.num_kv_heads, self.head_dim)
-        if meta.backend == "native":  # the native build also carries the fused rotary
+        if meta.backend.fused_ops:  # the native build also carries the fused rotary
             q, k = cpu_kernels.rope_qk(qkv, cos[:, 0], sin[:, 0], self.num_heads, self.num_kv_heads)
         else:
             q, k = qkv[:, : self.q_size + self.kv_size].split([self.q_size, self.kv_size], dim=-1)
             q = _rotate(q.view(n, self.num_heads, self.head_dim), cos, sin)
             k = _rotate(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
         k_cache, v_cache = kv_cache
-        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
-        nd = meta.num_decode_tokens
-        if meta.backend == "native":
-            out = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                                          meta.seq_lens, self.scale, meta.backend)
-        elif nd == n:
-            out = kernels.paged_attention_decode(
-                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale, meta.backend
-            )
-        else:
-            out = torch.empty_like(q)
-            if nd:
-                out[:nd] = kernels.paged_attention_decode(
-                    q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens,
-                    self.scale, meta.backend,
-                )
-            out[nd:] = kernels.paged_attention_prefill(
-                q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
-                meta.prefill_seq_lens, self.scale, meta.backend,
-            )
+        meta.backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = meta.backend.attention(q, k_cache, v_cache, meta, self.scale)
         return self.tp.all_reduce(self.o_proj(out.view(n, self.q_size)))
 
 

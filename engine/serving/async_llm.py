@@ -1,9 +1,10 @@
 """AsyncLLM: one engine served to many asyncio consumers, each with a stream of deltas.
 
-The engine steps in a core (engine/serving/core.py): by default a child process, as the
-service runs it, or a thread of this process around an LLMEngine object. The core
-reports added requests, step outputs and its own death; AsyncLLM routes each output to
-its request's event loop with call_soon_threadsafe.
+The engine steps in an EngineCore reached through a client (engine/serving/client.py):
+by default in a child process, as the service runs it, or on a thread of this process
+around an LLMEngine object. The client reports added requests, step outputs and the
+core's death; AsyncLLM routes each output to its request's event loop with
+call_soon_threadsafe.
 
 Every output carries what its step added. A consumer that falls behind folds what
 piled up into one delta per sequence, so a slow client sees each token once and costs
@@ -26,21 +27,21 @@ import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
+from engine import intake
 from engine.config import EngineConfig
 from engine.engine import LLMEngine, encode_prompt
 from engine.errors import ParamError
+from engine.messages import AddRequest, CompletionDelta, ModelInfo, RequestDelta, RequestMetrics, StepOutput, TokenLogprobs
 from engine.models import loader
-from engine.outputs import CompletionDelta, RequestMetrics
-from engine.sampler import TokenLogprobs
 from engine.sampling_params import SamplingParams
-from engine.serving.admission import Admission, QueueFullError, QueueLimits
 from engine.serving import tracing
-from engine.serving.core import DrainingError, EngineDeadError, ProcessCore, ThreadCore
-from engine.serving.wire import EngineOutput
-from engine.stats import StepStats
+from engine.serving.admission import Admission, QueueFullError, QueueLimits
+from engine.serving.client import DrainingError, EngineDeadError, ProcessClient, ThreadClient
 
 if TYPE_CHECKING:
     from engine.serving.metrics import EngineMetrics
@@ -58,25 +59,30 @@ class StreamOutput:
     prompt_token_ids: list[int]
     deltas: list[CompletionDelta]
     finished: bool
+    num_output_tokens: int = 0  # so far, over the request's sequences (the core's count)
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # once, on the first item that has them
     metrics: RequestMetrics | None = field(default=None, repr=False)  # the engine's timings so far
+    finish_reasons: list[str] | None = None  # by sequence index, on the item that finishes it
 
     @classmethod
-    def fold(cls, prompt_token_ids: list[int], outs: list[EngineOutput]) -> StreamOutput:
+    def fold(cls, prompt_token_ids: list[int], outs: list[RequestDelta]) -> StreamOutput:
         """Several outputs of one request, oldest first, as one item."""
+        last = outs[-1]
+        if len(outs) == 1:
+            return cls(last.request_id, prompt_token_ids, last.deltas, last.finished, last.num_output_tokens,
+                       last.num_cached_tokens, last.prompt_logprobs, last.metrics, last.finish_reasons)
         merged: dict[int, CompletionDelta] = {}
         for out in outs:
             for d in out.deltas:
                 if d.index in merged:
                     merged[d.index].extend(d)
                 else:
-                    merged[d.index] = replace(d, token_ids=list(d.token_ids),
-                                              logprobs=None if d.logprobs is None else list(d.logprobs))
-        last = outs[-1]
+                    merged[d.index] = msgspec.structs.replace(
+                        d, token_ids=list(d.token_ids), logprobs=None if d.logprobs is None else list(d.logprobs))
         prompt_lps = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
-        return cls(last.request_id, prompt_token_ids, list(merged.values()), last.finished, last.num_cached_tokens,
-                   prompt_lps, last.metrics)
+        return cls(last.request_id, prompt_token_ids, list(merged.values()), last.finished, last.num_output_tokens,
+                   last.num_cached_tokens, prompt_lps, last.metrics, last.finish_reasons)
 
 
 class _Stream:
@@ -84,10 +90,10 @@ class _Stream:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue[EngineOutput | BaseException] = asyncio.Queue()
+        self.queue: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
         self.added: asyncio.Future[None] = loop.create_future()
 
-    def put(self, item: EngineOutput | BaseException) -> bool:
+    def put(self, item: RequestDelta | BaseException) -> bool:
         """Thread-safe; False when the consumer's loop is gone."""
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
@@ -127,12 +133,12 @@ class AsyncLLM:
         callbacks = (self._on_added, self._on_step, self._on_dead)
         if engine is not None:
             self.engine: LLMEngine | None = engine
-            self._core: ThreadCore | ProcessCore = ThreadCore(engine, *callbacks)
+            self._core: ThreadClient | ProcessClient = ThreadClient(engine, *callbacks)
         else:
             assert config is not None, "AsyncLLM needs an engine or a config"
             self.engine = None
             tokenizer = loader.load_tokenizer(loader.resolve(config.model))
-            self._core = ProcessCore(config, tokenizer, *callbacks)
+            self._core = ProcessClient(config, tokenizer, *callbacks)
         if metrics is not None:
             metrics.record_start(self._core.last_stats)
 
@@ -148,26 +154,9 @@ class AsyncLLM:
         return self._core.tokenizer
 
     @property
-    def max_model_len(self) -> int:
-        return self._core.max_model_len
-
-    @property
-    def model_name(self) -> str:
-        return self._core.model_name
-
-    @property
-    def vocab_size(self) -> int:
-        return self._core.vocab_size
-
-    @property
-    def hf_id(self) -> str | None:
-        """The model's Hugging Face id, when known: clients may name the model by it."""
-        return self._core.hf_id
-
-    @property
-    def sampling_defaults(self) -> dict[str, float]:
-        """The model's generation_config.json settings, for fields a request leaves unset."""
-        return self._core.sampling_defaults
+    def info(self) -> ModelInfo:
+        """The model's facts, as the core reported them at start."""
+        return self._core.info
 
     @property
     def is_alive(self) -> bool:
@@ -208,7 +197,7 @@ class AsyncLLM:
         request_id = request_id or uuid.uuid4().hex
         ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
         params = params or SamplingParams()
-        self._check_token_ids(ids, params)
+        intake.check_token_ids(self.info.vocab_size, ids, params)
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
             if self._dead is not None:
@@ -221,11 +210,11 @@ class AsyncLLM:
             self._streams[request_id] = stream  # before the add: a death from now on reaches it
         finished = False
         waiting = True  # counted by admission until its first output
-        span = tracing.start_span(operation, served_model or self.model_name, request_id, params, len(ids))
-        out_tokens, reasons, out, error = 0, [], None, None
+        span = tracing.start_span(operation, served_model or self.info.model_name, request_id, params, len(ids))
+        out, error = None, None
         try:
             try:
-                self._core.add(request_id, ids, params, cache_salt, priority)
+                self._core.add(AddRequest(request_id, ids, params, cache_salt, priority))
             except OSError:  # the engine process is gone; the core reports the death to the stream
                 pass
             except BaseException:  # never handed over: nothing will ever answer this stream
@@ -245,29 +234,18 @@ class AsyncLLM:
                 if waiting:
                     waiting = False
                     self.admission.release(len(ids))
-                out_tokens += sum(len(d.token_ids) for d in out.deltas)
-                reasons += [d.finish_reason for d in out.deltas if d.finish_reason is not None]
                 yield out
         except BaseException as exc:
             error = exc if not isinstance(exc, (GeneratorExit, asyncio.CancelledError)) else None
             raise
         finally:
-            tracing.end_span(span, out_tokens, out.num_cached_tokens if out else 0, reasons,
-                             out.metrics if out else None, error)
+            tracing.end_span(span, out, error)
             if waiting:
                 self.admission.release(len(ids))
             # Not when the add itself failed: the id may belong to someone else's request.
             # Otherwise the core answers the abort with a finished output, which drops the stream.
             if not finished and not _failed(stream.added):
                 self.abort(request_id)
-
-    def _check_token_ids(self, ids: list[int], params: SamplingParams) -> None:
-        """Every token id a request names, inside the vocabulary, before it is encoded for
-        the core: an id of any size is the client's error, never the pipe's."""
-        vocab = self.vocab_size
-        for name, used in (("prompt", ids), *params.token_ids_used().items()):
-            if any(type(t) is not int or not 0 <= t < vocab for t in used):
-                raise ParamError(name, f"{name} names token ids outside the vocabulary [0, {vocab})")
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its blocks at the next step boundary. Thread-safe, idempotent."""
@@ -308,13 +286,13 @@ class AsyncLLM:
             self._streams.pop(request_id, None)
         stream.resolve(error)
 
-    def _on_step(self, outputs: list[EngineOutput], stats: StepStats) -> None:
+    def _on_step(self, step: StepOutput) -> None:
         if self.metrics is not None:
             try:
-                self.metrics.record_step(outputs, stats)
+                self.metrics.record_step(step)
             except Exception:  # noqa: BLE001 - metrics must never take serving down
                 logger.exception("recording metrics failed")
-        for out in outputs:
+        for out in step.outputs:
             stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
             if stream is not None and not stream.put(out) and not out.finished:
                 self._streams.pop(out.request_id, None)

@@ -13,7 +13,7 @@ from typing import Any
 
 from engine.errors import ParamError
 from engine.serving.admission import QueueFullError
-from engine.serving.core import DrainingError, EngineDeadError
+from engine.serving.client import DrainingError, EngineDeadError
 from engine.serving.protocol import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)

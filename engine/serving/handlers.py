@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.engine import encode_prompt
 from engine.llm import apply_chat_template
-from engine.sampler import TokenLogprobs
+from engine.messages import TokenLogprobs
 from engine.sampling_params import SamplingParams, StructuredOutput
 from engine.serving import tools as tools_mod
 from engine.serving.admission import Offload
@@ -58,7 +58,7 @@ class OpenAIServing:
 
     def models(self) -> ModelList:
         return ModelList(data=[ModelCard(id=name, created=self.created, root=self.root,
-                                         max_model_len=self.llm.max_model_len) for name in self.names])
+                                         max_model_len=self.llm.info.max_model_len) for name in self.names])
 
     async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         self.check_model(req.model)
@@ -69,7 +69,7 @@ class OpenAIServing:
         else:
             ids = await self.offload.run(len(req.prompt), functools.partial(
                 self._tok.encode, req.prompt, add_special_tokens=req.add_special_tokens))
-        return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=self.llm.max_model_len)
+        return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=self.llm.info.max_model_len)
 
     async def chat_prompt_async(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
                                 tools: list[Tool] | None = None) -> list[int]:
@@ -117,7 +117,7 @@ class OpenAIServing:
             "stop": [req.stop] if isinstance(req.stop, str) else list(req.stop or []),
             "stop_token_ids": list(req.stop_token_ids or []), "min_tokens": req.min_tokens,
             "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens,
-            "logit_bias": token_keys(req.logit_bias or {}, "logit_bias", self.llm.vocab_size),
+            "logit_bias": token_keys(req.logit_bias or {}, "logit_bias", self.llm.info.vocab_size),
             "allowed_token_ids": req.allowed_token_ids,
             "include_stop_str_in_output": req.include_stop_str_in_output,
             "structured": structured_output(req, names, tool_call),
@@ -128,8 +128,8 @@ class OpenAIServing:
                             ("frequency_penalty", req.frequency_penalty)):
             if value is not None:
                 kw[name] = value
-            elif name in self.llm.sampling_defaults:
-                kw[name] = self.llm.sampling_defaults[name]
+            elif name in self.llm.info.sampling_defaults:
+                kw[name] = self.llm.info.sampling_defaults[name]
         try:
             return SamplingParams(**kw)
         except ValueError as exc:
@@ -169,7 +169,7 @@ class OpenAIServing:
         choices = [Choice() for _ in range(req.n)]
         last = await collect([(first, gen)], choices, 0, req.n)
         return ChatCompletionResponse(
-            id=rid, model=self.model_name, usage=usage([last], choices),
+            id=rid, model=self.model_name, usage=usage([last]),
             choices=[self._chat_choice(i, c, tools, logprobs is not None) for i, c in enumerate(choices)],
             prompt_logprobs=self._prompt_logprobs(last))
 
@@ -211,9 +211,9 @@ class OpenAIServing:
                             continue  # text held back while a tag is undecided
                     yield chunk([ChatStreamChoice(index=d.index, delta=delta, logprobs=lp, finish_reason=finish,
                                                   stop_reason=d.stop_reason)],
-                                usage([out], choices) if continuous_usage else None)
+                                usage([out]) if continuous_usage else None)
             if include_usage:
-                yield chunk([], usage([out], choices))
+                yield chunk([], usage([out]))
             yield DONE
         finally:
             await gen.aclose()  # type: ignore[attr-defined]
@@ -266,7 +266,7 @@ class OpenAIServing:
             result.append(CompletionChoice(index=i, text=echoes[i // n] + c.text, logprobs=lp,
                                            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                                            prompt_logprobs=self._prompt_logprobs(out, req.prompt_logprobs)))
-        return CompletionResponse(id=rid, model=self.model_name, usage=usage(outs, choices), choices=result)
+        return CompletionResponse(id=rid, model=self.model_name, usage=usage(outs), choices=result)
 
     def _echo(self, prompt: str | list[int]) -> str:
         return prompt if isinstance(prompt, str) else self._tok.decode(prompt)
@@ -286,7 +286,7 @@ class OpenAIServing:
                 for d in out.deltas:
                     idx = p * n + d.index
                     c = choices[idx]
-                    first = c.tokens == 0 and not c.length
+                    first = not c.parts
                     prefix = echoes[p] if first else ""
                     offset = c.length + len(echoes[p])
                     absorb(c, d)
@@ -296,10 +296,10 @@ class OpenAIServing:
                     yield sse(CompletionChunk(id=rid, created=created, model=self.model_name, choices=[
                         CompletionChoice(index=idx, text=prefix + d.text, logprobs=lp, finish_reason=d.finish_reason,
                                          stop_reason=d.stop_reason)],
-                        usage=usage(list(lasts.values()), choices) if continuous_usage else None))
+                        usage=usage(list(lasts.values())) if continuous_usage else None))
             if include_usage:
                 yield sse(CompletionChunk(id=rid, created=created, model=self.model_name, choices=[],
-                                          usage=usage(list(lasts.values()), choices)))
+                                          usage=usage(list(lasts.values()))))
             yield DONE
         finally:
             await asyncio.gather(*(g.aclose() for _, g in started), return_exceptions=True)  # type: ignore

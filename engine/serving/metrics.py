@@ -12,17 +12,17 @@ what the deprecated `bentoml.metrics` shim does too). Gauges therefore declare h
 processes combine: counts sum over live workers, usage takes the most loaded one.
 
 All recording happens on the engine thread (AsyncLLM), one call per step, so the
-per-request bookkeeping here needs no lock. Steps report deltas and counter
-increments, so nothing here re-derives what the engine already knew.
+per-request bookkeeping here needs no lock. Counters and gauges come from the step's
+StepStats; latencies and finish reasons from its per-request outputs. Nothing here
+counts tokens again.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from engine.serving.wire import EngineOutput
+from engine.messages import RequestDelta, StepOutput
 from engine.stats import EngineStats, StepStats
 
 PREFIX = "pagedserve"
@@ -34,15 +34,6 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                10.0, 20.0, 40.0, 80.0)
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-
-
-@dataclass
-class _Seen:
-    """What the metrics remember of one live request between its steps."""
-
-    first_token: bool = False
-    last_token_time: float = 0.0
-    reasons: list[str] = field(default_factory=list)  # finish reasons of its sequences so far
 
 
 class EngineMetrics:
@@ -87,7 +78,7 @@ class EngineMetrics:
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", REQUEST_BUCKETS)
         self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduling.",
                                     REQUEST_BUCKETS)
-        self._seen: dict[str, _Seen] = {}
+        self._last_token: dict[str, float] = {}  # live requests that have tokens: when the last came
 
     def record_start(self, stats: EngineStats) -> None:
         """The pool's size and the gauges before the first step."""
@@ -98,35 +89,30 @@ class EngineMetrics:
                              (self.blocks_cached_free, stats.blocks_cached_free)):
             gauge.set(value)
 
-    def record_step(self, outputs: list[EngineOutput], stats: StepStats, now: float | None = None) -> None:
-        self.record_outputs(outputs, now)
-        self.record_stats(stats)
+    def record_step(self, step: StepOutput, now: float | None = None) -> None:
+        self.record_outputs(step.outputs, now)
+        self.record_stats(step.stats)
 
-    def record_outputs(self, outputs: list[EngineOutput], now: float | None = None) -> None:
-        """Count new tokens and observe latencies from one step's outputs."""
+    def record_outputs(self, outputs: list[RequestDelta], now: float | None = None) -> None:
+        """Observe latencies and finishes from one step's outputs."""
         now = time.monotonic() if now is None else now
         for out in outputs:
-            seen = self._seen.setdefault(out.request_id, _Seen())
-            new = sum(len(d.token_ids) for d in out.deltas)
-            m = out.metrics
-            if new > 0:
-                self.generation_tokens.inc(new)
-                if not seen.first_token:
-                    seen.first_token = True
-                    self.prompt_tokens.inc(out.num_prompt_tokens)
-                    if m is not None and m.first_token_time is not None:
-                        self.ttft.observe(m.first_token_time - m.arrival_time)
-                        if m.first_scheduled_time is not None:
-                            self.queue_time.observe(m.first_scheduled_time - m.arrival_time)
-                else:
-                    self.itl.observe(now - seen.last_token_time)
-                seen.last_token_time = now
-            seen.reasons += [d.finish_reason for d in out.deltas if d.finish_reason]
+            if any(d.token_ids for d in out.deltas):
+                last = self._last_token.get(out.request_id)
+                m = out.metrics
+                if last is not None:
+                    self.itl.observe(now - last)
+                elif m is not None and m.first_token_time is not None:
+                    self.ttft.observe(m.first_token_time - m.arrival_time)
+                    if m.first_scheduled_time is not None:
+                        self.queue_time.observe(m.first_scheduled_time - m.arrival_time)
+                self._last_token[out.request_id] = now
             if out.finished:
                 self._finish(out, now)
 
-    def _finish(self, out: EngineOutput, now: float) -> None:
-        reasons = self._seen.pop(out.request_id).reasons
+    def _finish(self, out: RequestDelta, now: float) -> None:
+        self._last_token.pop(out.request_id, None)
+        reasons = out.finish_reasons or []
         reason = "abort" if "abort" in reasons or not reasons else reasons[0]
         self._success.labels(self._model_name, reason).inc()
         m = out.metrics
@@ -143,7 +129,9 @@ class EngineMetrics:
         self.blocks_cached_free.set(stats.blocks_cached_free)
         for grown, counter in ((stats.prefix_cache_query_tokens, self.prefix_queries),
                                (stats.prefix_cache_hit_tokens, self.prefix_hits),
-                               (stats.preemptions, self.preemptions)):
+                               (stats.preemptions, self.preemptions),
+                               (stats.generation_tokens, self.generation_tokens),
+                               (stats.prompt_tokens, self.prompt_tokens)):
             if grown > 0:
                 counter.inc(grown)
 

@@ -12,8 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.outputs import CompletionDelta
-from engine.sampler import TokenLogprobs
+from engine.messages import CompletionDelta, TokenLogprobs
 from engine.serving.async_llm import StreamOutput
 from engine.serving.errors import bad_request
 from engine.serving.protocol import PromptTokensDetails, UsageInfo
@@ -32,7 +31,6 @@ class Choice:
 
     parts: list[str] = field(default_factory=list)  # joined once at the end: += would copy it all
     length: int = 0  # characters so far
-    tokens: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
@@ -55,7 +53,6 @@ def prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[s
 def absorb(c: Choice, d: CompletionDelta) -> None:
     c.parts.append(d.text)
     c.length += len(d.text)
-    c.tokens += len(d.token_ids)
     if d.logprobs:
         c.logprobs.extend(d.logprobs)
     if d.finish_reason is not None:
@@ -121,10 +118,11 @@ async def merge(started: list[Started]
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def usage(outs: list[StreamOutput], choices: list[Choice]) -> UsageInfo:
-    """Each prompt counts once, however many samples it had."""
+def usage(outs: list[StreamOutput]) -> UsageInfo:
+    """From each request's latest output, whose counts are the core's. Each prompt counts
+    once, however many samples it had."""
     prompt = sum(len(out.prompt_token_ids) for out in outs)
-    completion = sum(c.tokens for c in choices)
+    completion = sum(out.num_output_tokens for out in outs)
     cached = PromptTokensDetails(cached_tokens=sum(out.num_cached_tokens for out in outs))
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                      prompt_tokens_details=cached)

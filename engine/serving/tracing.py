@@ -16,7 +16,6 @@ from typing import Any
 
 from opentelemetry import context, propagate, trace
 
-from engine.outputs import RequestMetrics
 
 TRACER = "pagedserve"
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
@@ -65,13 +64,13 @@ def start_span(operation: str, model: str, request_id: str, params: Any, num_pro
     return span
 
 
-def end_span(span: trace.Span, output_tokens: int, cached_tokens: int, finish_reasons: list[str],
-             metrics: RequestMetrics | None, error: BaseException | None = None) -> None:
+def end_span(span: trace.Span, last: Any, error: BaseException | None = None) -> None:
+    """`last`: the request's last StreamOutput (None if none came), whose counts are the core's."""
     if span.is_recording():
-        span.set_attributes({"gen_ai.usage.output_tokens": output_tokens,
-                             "gen_ai.usage.cache_read.input_tokens": cached_tokens,
-                             "gen_ai.response.finish_reasons": finish_reasons})
-        m = metrics
+        span.set_attributes({"gen_ai.usage.output_tokens": last.num_output_tokens if last else 0,
+                             "gen_ai.usage.cache_read.input_tokens": last.num_cached_tokens if last else 0,
+                             "gen_ai.response.finish_reasons": (last.finish_reasons or []) if last else []})
+        m = last.metrics if last else None
         if m is not None and m.first_scheduled_time is not None:
             span.set_attribute("gen_ai.latency.time_in_queue", m.first_scheduled_time - m.arrival_time)
             if m.first_token_time is not None:

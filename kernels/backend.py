@@ -1,0 +1,128 @@
+"""The attention backend one engine runs: chosen once when its config resolves
+(`select`), loaded once where the engine builds its model (`load`), then called by the
+runner and the model. Nobody else compares backend names.
+
+Choosing builds nothing. Loading builds the native CPU kernels (once per machine); when
+they cannot be built, "auto" falls back to the torch path after one warning and an
+explicit "native" is an error naming attention_backend.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import reference
+
+
+class AttentionBackend:
+    name = "torch"
+    fused_ops = False  # the native build also carries fused rotary, add+RMSNorm and SiLU-mul
+    pins_threads = False  # the native build pins torch's threads to cores on first use
+
+    def load(self) -> AttentionBackend:
+        """The backend that will run, ready: this one, or a fallback."""
+        return self
+
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+    def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float
+                  ) -> torch.Tensor:
+        """Causal attention of the step's new tokens (decodes first, then prefill chunks;
+        `meta` is engine.models.llama.AttnMetadata) over the paged cache."""
+        nd, n = meta.num_decode_tokens, q.shape[0]
+        if nd == n:
+            return self.decode(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale)
+        out = torch.empty_like(q)
+        if nd:
+            out[:nd] = self.decode(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale)
+        out[nd:] = self.prefill(q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
+                                meta.prefill_seq_lens, scale)
+        return out
+
+    def decode(self, *args) -> torch.Tensor:
+        return reference.paged_attention_decode(*args)
+
+    def prefill(self, *args) -> torch.Tensor:
+        return reference.paged_attention_prefill(*args)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        return f"<attention backend {self.name}>"
+
+
+class TorchBackend(AttentionBackend):
+    """The pure-torch reference path: every device, no build."""
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+
+    def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
+        from kernels import triton_attention  # Triton is imported only when it runs
+
+        triton_attention.store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+    def decode(self, *args) -> torch.Tensor:
+        from kernels import triton_attention
+
+        return triton_attention.paged_attention_decode(*args)
+
+    def prefill(self, *args) -> torch.Tensor:
+        from kernels import triton_attention
+
+        return triton_attention.paged_attention_prefill(*args)
+
+
+class NativeBackend(AttentionBackend):
+    """The C++ CPU kernels (kernels/cpu.py): decode and prefill chunks in one call per layer."""
+
+    name = "native"
+    fused_ops = True
+    pins_threads = True
+
+    def __init__(self, required: bool = False) -> None:
+        self.required = required  # asked for by name: no fallback
+
+    def load(self) -> AttentionBackend:
+        from engine.errors import ParamError
+        from kernels import cpu
+
+        if cpu.load():
+            return self
+        if self.required:
+            raise ParamError("attention_backend", "the native CPU kernel could not be built (see the warning)")
+        return TorchBackend()
+
+    def attention(self, q, k_cache, v_cache, meta, scale: float) -> torch.Tensor:
+        from kernels import cpu
+
+        return cpu.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
+                                   scale)
+
+
+def select(name: str, device: torch.device) -> AttentionBackend:
+    """The backend a config asks for on this device: "auto" is Triton on CUDA and the
+    native kernels on the CPU. Checks what can be checked without building anything."""
+    from engine.errors import ParamError
+
+    if name == "triton":
+        import os
+
+        if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ParamError("attention_backend", "attention_backend triton on the CPU needs TRITON_INTERPRET=1; "
+                             "use auto, native or torch")
+        return TritonBackend()
+    if name == "native":
+        if device.type != "cpu":
+            raise ParamError("attention_backend", "attention_backend native is the CPU kernel; use triton on cuda")
+        return NativeBackend(required=True)
+    if name == "torch":
+        return TorchBackend()
+    return TritonBackend() if device.type == "cuda" else NativeBackend()
