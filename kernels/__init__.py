@@ -1,10 +1,9 @@
-"""The only way the engine touches the KV cache.
+"""The only code that touches the KV cache.
 
-Each op has a Triton kernel and a pure-torch reference; attention also has a native
-CPU kernel (kernels/cpu.py) that serves decode and chunked prefill in one call per
-layer. `backend="auto"` picks Triton on CUDA tensors and torch on the CPU; "triton",
-"torch" and "native" force one (Triton on the CPU needs TRITON_INTERPRET=1). An engine
-does not call these: it holds one kernels.backend.AttentionBackend, chosen once.
+Each op has a Triton kernel (triton_attention.py) and a pure-torch reference
+(reference.py), the test oracle; attention also has a native CPU kernel (cpu.py) that
+serves decode and chunked prefill in one call per layer. An engine reaches them through
+one kernels.backend.AttentionBackend, chosen once when its config resolves.
 
 Layouts:
   k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
@@ -20,88 +19,7 @@ import torch
 
 from kernels import reference
 
-__all__ = ["store_kv", "paged_attention", "paged_attention_decode", "paged_attention_prefill", "copy_blocks"]
-
-_BACKENDS = ("auto", "torch", "triton", "native")
-
-
-def _use_triton(backend: str, t: torch.Tensor) -> bool:
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-    return backend == "triton" or (backend == "auto" and t.is_cuda)
-
-
-def store_kv(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    backend: str = "auto",
-) -> None:
-    if _use_triton(backend, key):
-        from kernels import triton_attention
-
-        return triton_attention.store_kv(key, value, k_cache, v_cache, slot_mapping)
-    return reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
-
-
-def paged_attention_decode(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    backend: str = "auto",
-) -> torch.Tensor:
-    if _use_triton(backend, query):
-        from kernels import triton_attention
-
-        return triton_attention.paged_attention_decode(
-            query, k_cache, v_cache, block_tables, seq_lens, scale
-        )
-    return reference.paged_attention_decode(query, k_cache, v_cache, block_tables, seq_lens, scale)
-
-
-def paged_attention_prefill(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    backend: str = "auto",
-) -> torch.Tensor:
-    if _use_triton(backend, query):
-        from kernels import triton_attention
-
-        return triton_attention.paged_attention_prefill(
-            query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale
-        )
-    return reference.paged_attention_prefill(
-        query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale
-    )
-
-
-def paged_attention(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """Causal attention of every sequence's new tokens (decode or prefill chunk) in one call."""
-    if backend == "native":
-        from kernels import cpu
-
-        return cpu.paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
-    return paged_attention_prefill(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                                   backend)
+__all__ = ["copy_blocks"]
 
 
 def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -55,6 +55,19 @@ SENTENCES = [
 ]
 
 
+TIERS = ("unit", "engine", "served")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Every test is in exactly one tier, so `pytest -m unit` (seconds: no model is built),
+    `-m engine` (builds engines in this process or its children) and `-m served` (a live
+    server or the ASGI app) together run the whole suite."""
+    for item in items:
+        tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
+        if len(tiers) != 1:
+            raise pytest.UsageError(f"{item.nodeid} must be marked with exactly one of {TIERS}, has {sorted(tiers)}")
+
+
 def make_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
     """count varied prompts of exactly `length` tokens, built from rotating sentences."""
     prompts = []

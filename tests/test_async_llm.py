@@ -16,7 +16,7 @@ from engine.sampling_params import SamplingParams
 from engine.serving.async_llm import AsyncLLM, EngineDeadError
 from engine.serving.metrics import EngineMetrics
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ def yes_no(llm: LLM) -> tuple[list[int], list[int]]:
     return tok.encode("yes", add_special_tokens=False), tok.encode("no", add_special_tokens=False)
 
 
+@pytest.mark.unit
 def test_the_sampler_reports_rows_with_nothing_left():
     sampler = Sampler([2])
     logits = torch.randn(3, 10)
@@ -37,6 +38,7 @@ def test_the_sampler_reports_rows_with_nothing_left():
     assert out.token_ids[1] == int(logits[1].argmax())
 
 
+@pytest.mark.engine
 def test_allowed_ids_that_are_all_stop_tokens_under_min_tokens_are_refused(llm):
     eos = llm.engine.eos_token_ids[0]
     with pytest.raises(ParamError, match="min_tokens") as err:
@@ -48,6 +50,7 @@ def test_allowed_ids_that_are_all_stop_tokens_under_min_tokens_are_refused(llm):
     assert out.finish_reason == "stop" and out.token_ids == [eos]
 
 
+@pytest.mark.engine
 def test_allowed_ids_that_bad_words_all_ban_are_refused(llm):
     yes, no = yes_no(llm)
     assert len(yes) == 1 and len(no) == 1
@@ -57,6 +60,7 @@ def test_allowed_ids_that_bad_words_all_ban_are_refused(llm):
     assert llm.stats().blocks_used == 0
 
 
+@pytest.mark.engine
 def test_a_grammar_that_forbids_every_allowed_token_aborts_with_an_error(llm):
     yes, no = yes_no(llm)
     params = SamplingParams(temperature=0, max_tokens=4, allowed_token_ids=no,
@@ -89,6 +93,7 @@ def app(tiny_model_factory):
     llm.shutdown()
 
 
+@pytest.mark.served
 def test_served_conflicts_are_400s_or_an_error_event(app):
     tc, llm = app
     tok = llm.tokenizer

@@ -12,6 +12,8 @@ import torch
 from kernels import cpu, reference
 from tests.test_kernels import BF16, F16, F32, Paged, check, dense_attention
 
+pytestmark = pytest.mark.unit
+
 
 def run_case(seq_lens: list[int], q_lens: list[int], heads: int, kv_heads: int, head_dim: int,
              block_size: int, dtype: torch.dtype, seed: int = 0) -> None:

@@ -14,6 +14,8 @@ from engine.detokenizer import Detokenizer
 from engine.models import default_model_path
 from engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.unit
+
 TEXTS = [
     "Héllo wörld, naïve café — “quotes” and Ελληνικά, кириллица.",
     "emoji 👋🏽 family 👨‍👩‍👧 flags 🇯🇵 and 🤖🚀!",

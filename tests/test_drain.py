@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import serving
 from tests.served import KEY, MODEL
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.served, pytest.mark.timeout(600)]
 STREAMS, TOKENS = 16, 96
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from engine import LLM, EngineConfig, SamplingParams
 
+pytestmark = pytest.mark.engine
+
 PROMPT = "The three most important inventions in human history are"
 
 

@@ -12,6 +12,8 @@ from engine import LLM, SamplingParams
 from engine.models.llama import kv_block_bytes
 from tests.conftest import make_prompts
 
+pytestmark = pytest.mark.engine
+
 
 def hf_greedy(model, prompts: list[list[int]], max_new: int, eos: int | None) -> list[list[int]]:
     """Reference continuations, cut after the first eos (transformers pads after it)."""

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.served, pytest.mark.timeout(900)]
 
 ROUTES = ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"]
 VALID = {

@@ -27,15 +27,17 @@ import torch  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-import kernels  # noqa: E402
 from kernels import reference  # noqa: E402
+from kernels.backend import TorchBackend, TritonBackend  # noqa: E402
+
+BACKENDS = {"torch": TorchBackend(), "triton": TritonBackend()}
 
 DEVICE = "cuda" if NATIVE else "cpu"
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 # (atol, rtol) against float64 attention over the same (rounded) q, K and V.
 TOL = {F32: (1e-4, 1e-4), F16: (4e-3, 4e-3), BF16: (3e-2, 3e-2)}
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(600)]
 
 
 @pytest.fixture
@@ -136,8 +138,7 @@ def test_store_kv(backend: str, cache_dtype: torch.dtype, src_dtype: torch.dtype
             k_exp[slot // block_size, slot % block_size] = key[t].to(cache_dtype)
             v_exp[slot // block_size, slot % block_size] = value[t].to(cache_dtype)
     k_cache, v_cache = k_cache.to(DEVICE), v_cache.to(DEVICE)
-    kernels.store_kv(key.to(DEVICE), value.to(DEVICE), k_cache, v_cache, slots.to(DEVICE),
-                     backend=backend)
+    BACKENDS[backend].store_kv(key.to(DEVICE), value.to(DEVICE), k_cache, v_cache, slots.to(DEVICE))
     written = torch.zeros(num_blocks * block_size, dtype=torch.bool)
     written[slots[slots >= 0]] = True
     written = written.view(num_blocks, block_size)
@@ -179,10 +180,8 @@ def run_decode(seq_lens: list[int], num_kv_heads: int, group: int, head_dim: int
                           for s in range(len(seq_lens))])
     ref = reference.paged_attention_decode(query, paged.k_cache, paged.v_cache, *args)
     check(ref, expected, dtype, "reference")
-    check(kernels.paged_attention_decode(query, paged.k_cache, paged.v_cache, *args,
-                                         backend="torch"), expected, dtype, "torch backend")
-    outs = {"auto": kernels.paged_attention_decode(query, paged.k_nan, paged.v_nan, *args,
-                                                   backend="triton")}
+    check(TorchBackend().decode(query, paged.k_cache, paged.v_cache, *args), expected, dtype, "torch backend")
+    outs = {"backend": TritonBackend().decode(query, paged.k_nan, paged.v_nan, *args)}
     for n in (1, splits):
         outs[f"num_splits={n}"] = triton_attention.paged_attention_decode(
             query, paged.k_nan, paged.v_nan, *args, out=nan_like(query), num_splits=n)
@@ -249,10 +248,8 @@ def run_prefill(seqs: list[tuple[int, int]], num_kv_heads: int, group: int, head
                                           paged.values[s], scale) for s in range(len(seqs))])
     ref = reference.paged_attention_prefill(query, paged.k_cache, paged.v_cache, *args)
     check(ref, expected, dtype, "reference")
-    check(kernels.paged_attention_prefill(query, paged.k_cache, paged.v_cache, *args,
-                                          backend="torch"), expected, dtype, "torch backend")
-    outs = {"public": kernels.paged_attention_prefill(query, paged.k_nan, paged.v_nan, *args,
-                                                      backend="triton")}
+    check(TorchBackend().prefill(query, paged.k_cache, paged.v_cache, *args), expected, dtype, "torch backend")
+    outs = {"backend": TritonBackend().prefill(query, paged.k_nan, paged.v_nan, *args)}
     if len(seqs) > 1:  # a second tiling: other tile/sequence boundaries, same answer
         outs["block_m=32,block_n=32"] = triton_attention.paged_attention_prefill(
             query, paged.k_nan, paged.v_nan, *args, out=nan_like(query), block_m=32, block_n=32)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,12 +13,14 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.sequence import Sequence
 from engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.unit
+
 
 _seq_ids = itertools.count()
 
 
 def req(rid: str, tokens: list[int], salt: str | None = None) -> Sequence:
-    return Sequence(next(_seq_ids), rid, 0, tokens, SamplingParams(max_tokens=8), cache_salt=salt)
+    return Sequence(next(_seq_ids), rid, 0, tokens, SamplingParams(max_tokens=8), 8, cache_salt=salt)
 
 
 def step(kv: KVCacheManager, r: Sequence, n: int) -> bool:

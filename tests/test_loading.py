@@ -16,6 +16,8 @@ from engine import LLM, EngineConfig, SamplingParams
 from engine.models import default_model_path
 from tests.conftest import make_prompts
 
+pytestmark = pytest.mark.engine
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 SMALL = dict(dtype="float32", max_model_len=128, kv_cache_memory_bytes=64 << 20)
 

@@ -12,7 +12,7 @@ from schemathesis.specs.openapi.checks import (
     content_type_conformance, response_schema_conformance, status_code_conformance,
 )
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.served, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from engine.outputs import Collector
 from engine.runner import prepare
 from tests.conftest import make_prompts
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 MODELS = {
     "embedded": None,

@@ -18,7 +18,7 @@ from engine import LLM, SamplingParams
 from tests.conftest import serving
 from tests.served import KEY, MODEL, ROOT
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.served, pytest.mark.timeout(600)]
 STREAMS = 8
 PROMPT = "The three primary colours are"
 

@@ -8,6 +8,8 @@ from engine import LLM, SamplingParams
 from engine.kv_cache_manager import cdiv
 from tests.conftest import make_prompts
 
+pytestmark = pytest.mark.engine
+
 
 def greedy_ids(llm: LLM, prompts, max_tokens: int = 12) -> list[list[int]]:
     p = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)

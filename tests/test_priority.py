@@ -9,7 +9,7 @@ from engine.engine import LLMEngine
 from engine.errors import ParamError
 from engine.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 
 
 def _engine(tiny_model_factory, **kw) -> LLMEngine:

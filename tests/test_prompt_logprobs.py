@@ -20,6 +20,7 @@ def llm():
                kv_cache_memory_bytes=32 << 20)
 
 
+@pytest.mark.engine
 def test_prompt_logprobs_match_transformers_across_chunks_and_a_warm_prefix_cache(llm, hf_default, tokenizer):
     prompts = make_prompts(tokenizer, 3, 100)
     params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3, n=2)
@@ -33,7 +34,12 @@ def test_prompt_logprobs_match_transformers_across_chunks_and_a_warm_prefix_cach
         for pos, entry in enumerate(got[1:], start=1):
             assert entry.token_id == ids[pos]
             assert entry.logprob == pytest.approx(lp[pos - 1, ids[pos]].item(), abs=1e-4)
-            assert entry.rank == int((lp[pos - 1] > lp[pos - 1, ids[pos]]).sum()) + 1
+            # The rank as transformers' logits give it, where no other token lies within the
+            # logprob tolerance of this one; a near-tie may fall either way.
+            own = lp[pos - 1, ids[pos]]
+            surely_above = int((lp[pos - 1] > own + 1e-4).sum())
+            maybe_above = int((lp[pos - 1] > own - 1e-4).sum()) - 1  # less the token itself
+            assert surely_above + 1 <= entry.rank <= maybe_above + 1
             want_top = lp[pos - 1].topk(3)
             assert [t for t, _ in entry.top] == want_top.indices.tolist()
     assert again.num_cached_tokens == 0  # the cache would leave no logits for the prompt
@@ -41,6 +47,7 @@ def test_prompt_logprobs_match_transformers_across_chunks_and_a_warm_prefix_cach
     assert llm.stats().blocks_used == 0
 
 
+@pytest.mark.engine
 def test_bad_words_are_never_generated(llm, tokenizer):
     prompt = "The capital of France is"
     free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0].outputs[0].text
@@ -51,6 +58,7 @@ def test_bad_words_are_never_generated(llm, tokenizer):
 
 
 # -- through the server (tests/served.py) ----------------------------------------------------
+@pytest.mark.served
 def test_echo_with_logprobs_scores_the_prompt_then_the_output(client):
     from tests.served import MODEL
 
@@ -69,6 +77,7 @@ def test_echo_with_logprobs_scores_the_prompt_then_the_output(client):
     assert tokens == echoed.logprobs.tokens and "".join(ch.choices[0].text for ch in streamed) == echoed.text
 
 
+@pytest.mark.served
 def test_prompt_logprobs_and_bad_words_through_the_api(client, http):
     from tests.served import CHAT, MODEL
 

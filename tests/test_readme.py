@@ -16,7 +16,7 @@ import pytest
 
 from tests.served import ROOT
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 SNIPPETS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
 

@@ -11,6 +11,8 @@ import torch
 from engine.sampler import Sampler, SamplingRow, apply_penalties, make_generator
 from engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.unit
+
 EOS = 0
 VOCAB = 64
 

@@ -14,6 +14,8 @@ import yaml
 from engine.errors import ParamError
 from tests.served import BIN, ROOT, offline_env
 
+pytestmark = pytest.mark.served
+
 
 def test_gpu_preset_builds_with_its_scaling_settings_and_makes_a_k8s_manifest(bento_home):
     env = {**offline_env(bento_home), "PAGEDSERVE_CONFIG": "config/gpu.yaml"}
@@ -98,7 +100,7 @@ def test_routing_docs_block_hashes_are_the_engines(tokenizer):
 
     ids = tokenizer.encode("You are a helpful assistant. " * 30)
     for salt in (None, "tenant-a"):
-        seq = Sequence(0, "r", 0, ids, SamplingParams(max_tokens=1), cache_salt=salt)
+        seq = Sequence(0, "r", 0, ids, SamplingParams(max_tokens=1), 1, cache_salt=salt)
         manager = KVCacheManager(64, 16)
         manager.find_cached(seq)  # hashes the full blocks as the scheduler does
         parent = b"\0" * 32

@@ -24,7 +24,7 @@ import pytest
 
 from tests.served import BIN, CHAT, HF_ID, KEY, MODEL, MODEL_TAG, ORIGIN, ROOT, offline_env
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.served, pytest.mark.timeout(600)]
 
 
 def metrics(http: httpx.Client) -> dict[str, float]:

@@ -12,6 +12,7 @@ import pytest
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.served
 def test_health_and_routes_report_a_dead_engine(tiny_model_factory):
     from starlette.testclient import TestClient
 
@@ -38,6 +39,7 @@ def test_health_and_routes_report_a_dead_engine(tiny_model_factory):
         assert tc.post("/v1/completions", json={"prompt": "hi"}).status_code == 503
 
 
+@pytest.mark.served
 def test_a_stream_that_fails_after_its_headers_ends_with_an_error_event_then_done(tiny_model_factory):
     """The engine process is killed mid-stream: the client gets OpenAI's error object as an
     event and then `data: [DONE]`, as vLLM sends, so SDKs close the stream cleanly."""
@@ -73,6 +75,7 @@ def test_a_stream_that_fails_after_its_headers_ends_with_an_error_event_then_don
     llm.shutdown()
 
 
+@pytest.mark.unit
 def test_api_key_middleware_is_open_without_a_key(monkeypatch):
     from starlette.applications import Starlette
     from starlette.responses import PlainTextResponse
@@ -102,6 +105,7 @@ def test_api_key_middleware_is_open_without_a_key(monkeypatch):
     assert locked.get("/stats").status_code != 401  # open unless the preset protects it
 
 
+@pytest.mark.unit
 def test_a_non_ascii_key_matches_as_the_utf8_bytes_a_client_sends(monkeypatch):
     from starlette.testclient import TestClient
 
@@ -121,6 +125,7 @@ def test_a_non_ascii_key_matches_as_the_utf8_bytes_a_client_sends(monkeypatch):
     assert tc.post("/tokenize", json={"prompt": "hi"}).status_code == 401
 
 
+@pytest.mark.served
 def test_unset_sampling_fields_take_the_models_generation_config(tiny_model_factory):
     """As vLLM's `--generation-config auto`: temperature, top_p, top_k, min_p and
     repetition_penalty come from generation_config.json when the request leaves them out."""
@@ -152,6 +157,7 @@ def test_unset_sampling_fields_take_the_models_generation_config(tiny_model_fact
     llm.shutdown()
 
 
+@pytest.mark.unit
 def test_typed_routes_get_the_body_guards_and_the_deadline():
     """TypedRouteGuard in front of a stand-in for BentoML's typed route: bad bodies get the
     OpenAI routes' 4xx, a deadline before the answer starts is a 408, one mid-stream ends
@@ -212,6 +218,7 @@ def test_typed_routes_get_the_body_guards_and_the_deadline():
     assert [b.get("slow_start", False) for b in cancelled] == [True, False]
 
 
+@pytest.mark.unit
 def test_large_tokenizer_work_leaves_the_event_loop_and_is_bounded():
     import asyncio
     import time
@@ -241,6 +248,7 @@ def test_large_tokenizer_work_leaves_the_event_loop_and_is_bounded():
     asyncio.run(scenario())
 
 
+@pytest.mark.served
 def test_internal_errors_reach_the_client_as_an_id_and_the_log_as_details(tiny_model_factory, caplog):
     from starlette.testclient import TestClient
 
@@ -277,6 +285,7 @@ def test_internal_errors_reach_the_client_as_an_id_and_the_log_as_details(tiny_m
     llm.shutdown()
 
 
+@pytest.mark.engine
 def test_resolving_a_config_builds_nothing(tiny_model_factory, monkeypatch):
     """The attention backend is chosen once, when the config resolves, and built where the
     engine builds its model (AttentionBackend.load), never while resolving a config."""

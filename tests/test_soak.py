@@ -14,7 +14,7 @@ import pytest
 
 from tests.served import KEY, ROOT
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.served, pytest.mark.timeout(900)]
 
 
 def test_soak_keeps_every_promise(server, tmp_path):

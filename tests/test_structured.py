@@ -44,6 +44,7 @@ TOPICS = ["a bakery", "a museum", "a park", "a library", "a cafe", "a stadium", 
           "a castle", "a beach", "a garden", "a train station"]
 
 
+@pytest.mark.served
 def test_parse_returns_a_valid_object_for_twenty_prompts(client):
     def ask(topic: str):
         return client.chat.completions.parse(
@@ -58,6 +59,7 @@ def test_parse_returns_a_valid_object_for_twenty_prompts(client):
     assert len({p.model_dump_json() for p in parsed}) > 1  # the prompt still matters
 
 
+@pytest.mark.served
 def test_regex_and_choice_hold_on_every_sample(client):
     r = client.completions.create(model=MODEL, prompt="A product code:", n=4, temperature=1.0, seed=3,
                                   max_tokens=20, extra_body={"structured_outputs": {"regex": r"[A-Z]{2}-\d{3}"}})
@@ -68,6 +70,7 @@ def test_regex_and_choice_hold_on_every_sample(client):
     assert all(c.message.content in ("yes", "no", "it depends") for c in r.choices)
 
 
+@pytest.mark.served
 def test_a_stream_keeps_to_the_schema(client):
     chunks = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Describe a lighthouse as JSON."}], stream=True,
@@ -84,6 +87,7 @@ def test_a_stream_keeps_to_the_schema(client):
     ({"guided_regex": "[0-9]+", "guided_choice": ["a"]}, "guided_choice"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
 ])
+@pytest.mark.served
 def test_bad_constraints_are_400s_and_the_server_carries_on(client, extra, param):
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
@@ -92,6 +96,7 @@ def test_bad_constraints_are_400s_and_the_server_carries_on(client, extra, param
     assert client.completions.create(model=MODEL, prompt="Hello", max_tokens=2).usage.completion_tokens >= 1
 
 
+@pytest.mark.engine
 def test_constraints_survive_preemption_forks_and_stop_strings(tiny_model_factory):
     """In the engine itself, on a tiny random model (whose free choices would never match):
     a pool too small for the batch forces preemption by recompute, n=3 forks each matcher,

@@ -50,6 +50,7 @@ def _parse_all(text: str, pieces: int) -> tuple[str, list]:
 
 
 # -- in-process: parsing and rendering --------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("pieces", [1, 7, 1000])
 def test_calls_come_out_of_the_text_however_it_is_split(pieces):
     text = ("Let me check.\n" + call_text("get_weather", {"city": "Paris", "unit": "celsius"}) + "\n"
@@ -61,6 +62,7 @@ def test_calls_come_out_of_the_text_however_it_is_split(pieces):
     assert len({c.id for c in calls}) == 2 and all(c.id.startswith("call_") for c in calls)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("pieces", [1, 5, 1000])
 def test_plain_answers_and_broken_calls_stay_text(pieces):
     plain = "It is sunny <b>today</b>, about 20 degrees.\n\n"
@@ -71,11 +73,13 @@ def test_plain_answers_and_broken_calls_stay_text(pieces):
         assert _parse_all(bad, pieces) == (bad, []), bad
 
 
+@pytest.mark.unit
 def test_an_unclosed_call_with_whole_json_still_counts():
     content, calls = _parse_all('<tool_call>\n{"name": "get_time", "arguments": "{\\"city\\": \\"Rome\\"}"}', 3)
     assert content == "" and json.loads(calls[0].function.arguments) == {"city": "Rome"}
 
 
+@pytest.mark.unit
 def test_a_template_without_tools_gets_the_default_prompt_and_hermes_history():
     msgs = [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Weather?"),
             ChatMessage.model_validate({"role": "assistant", "content": None, "tool_calls": [
@@ -93,6 +97,7 @@ def test_a_template_without_tools_gets_the_default_prompt_and_hermes_history():
     assert native[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
 
 
+@pytest.mark.unit
 def test_tool_choice_checks():
     assert active_tools(TOOLS, "none") == [] and active_tools(TOOLS, None) == TOOLS
     named = {"type": "function", "function": {"name": "get_time"}}
@@ -127,6 +132,7 @@ def _round_trip(client, http, message: dict) -> openai.types.chat.ChatCompletion
     return nxt
 
 
+@pytest.mark.served
 def test_required_tool_round_trip(client, http):
     r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
                                        parallel_tool_calls=False, max_tokens=80, temperature=0)
@@ -138,6 +144,7 @@ def test_required_tool_round_trip(client, http):
     _round_trip(client, http, choice.message.model_dump(exclude_none=True))
 
 
+@pytest.mark.served
 def test_required_tool_round_trip_streamed(client, http):
     chunks = list(client.chat.completions.create(
         model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False,
@@ -156,6 +163,7 @@ def test_required_tool_round_trip_streamed(client, http):
     _round_trip(client, http, {"role": "assistant", "tool_calls": [calls[0]]})
 
 
+@pytest.mark.served
 def test_a_named_tool_is_the_one_called_on_every_sample(client):
     r = client.chat.completions.parse(model=MODEL, messages=ASK, tools=[WEATHER, TIME], n=3, temperature=1.0, seed=2,
                                       tool_choice={"type": "function", "function": {"name": "get_time"}},
@@ -165,6 +173,7 @@ def test_a_named_tool_is_the_one_called_on_every_sample(client):
         assert call.function.name == "get_time" and isinstance(call.function.parsed_arguments, GetTime)
 
 
+@pytest.mark.served
 def test_tool_choice_none_answers_in_text(client):
     r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=12,
                                        temperature=0)
@@ -172,6 +181,7 @@ def test_tool_choice_none_answers_in_text(client):
     assert r.choices[0].message.content == plain.choices[0].message.content and not r.choices[0].message.tool_calls
 
 
+@pytest.mark.served
 def test_auto_with_a_strict_function_makes_a_begun_call_valid(client, http):
     """`auto` leaves the choice to the model; with `strict`, a call it begins must follow the
     schema (a grammar triggered by the opening tag). logit_bias pushes the model into
@@ -195,6 +205,7 @@ def test_auto_with_a_strict_function_makes_a_begun_call_valid(client, http):
 @pytest.mark.parametrize("block", ['{"name": ["get_time"], "arguments": {}}', '{"name": {"a": 1}}',
                                    '{"name": "get_time", "arguments": "' + "[" * 50000 + '"}',
                                    "[" * 50000 + "]" * 50000, '{"name": "get_time", "arguments": [1e999]}'])
+@pytest.mark.unit
 def test_model_output_that_is_no_call_stays_content(block):
     text = f"<tool_call>\n{block}\n</tool_call>"
     assert _parse_all(text, 1) == (text, [])
