@@ -12,7 +12,7 @@ STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "struct
 
 
 @dataclass(frozen=True)
-class StructuredOutput:
+class Constraint:
     """A constraint on the whole output. `spec` is text for every kind: a JSON schema, a
     regex, a JSON list of choices, an EBNF grammar or an xgrammar structural tag (JSON;
     tool calls use it), and empty for json_object."""
@@ -53,7 +53,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     allowed_token_ids: list[int] | None = None  # None: every token; else only these
     include_stop_str_in_output: bool = False  # keep the matched stop string at the end of the text
-    structured: StructuredOutput | None = None  # engine/structured.py
+    structured: Constraint | None = None  # engine/structured.py
     prompt_logprobs: int | None = None  # logprob and top-k of every prompt token (the first has none)
     bad_words: list[str] = field(default_factory=list)  # never generated, whether or not led by a space
 
@@ -107,7 +107,7 @@ class SamplingParams:
         params = object.__new__(cls)
         params.__dict__.update(fields)
         if isinstance(params.structured, dict):
-            params.structured = StructuredOutput(**params.structured)
+            params.structured = Constraint(**params.structured)
         return params
 
     def token_ids_used(self) -> dict[str, list[int]]:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from engine.errors import ParamError
-from engine.sampling_params import StructuredOutput
+from engine.sampling_params import Constraint
 
 
 class Matcher:
@@ -58,7 +58,7 @@ class Grammars:
             self._compiler = xgrammar.GrammarCompiler(info)
         return xgrammar
 
-    def compile(self, so: StructuredOutput) -> Any:
+    def compile(self, so: Constraint) -> Any:
         """The compiled grammar; ParamError naming `structured_outputs` when it is invalid."""
         key = (so.kind, so.spec)
         if key in self._cache:
@@ -88,7 +88,7 @@ class Grammars:
             self._cache.popitem(last=False)
         return grammar
 
-    def matcher(self, so: StructuredOutput) -> Matcher:
+    def matcher(self, so: Constraint) -> Matcher:
         xgr = self._xgr()
         return Matcher(xgr.GrammarMatcher(self.compile(so)))
 

@@ -78,9 +78,9 @@ COST_SCHEMA = {"type": "array", "minItems": 1000, "items": {"type": "object", "p
 def run_engine_structured(llm: LLM, reqs) -> tuple[float, int]:
     """The workload with every request held to COST_SCHEMA; (seconds, tokens produced).
     A finished JSON document ends its request early, so the rate is what compares."""
-    from engine.sampling_params import StructuredOutput
+    from engine.sampling_params import Constraint
 
-    so = StructuredOutput("json", json.dumps(COST_SCHEMA))
+    so = Constraint("json", json.dumps(COST_SCHEMA))
     params = [SamplingParams(temperature=0, max_tokens=out, ignore_eos=True, structured=so) for _, out in reqs]
     llm.generate([reqs[0][0]], params[:1], use_tqdm=False)  # compiles the grammar once
     start = time.perf_counter()

@@ -15,7 +15,6 @@ from typing import Any
 import torch.nn.functional as F
 
 import engine.engine as engine_module
-import kernels
 from engine.llm import LLM
 from engine.models import packed_linear
 
@@ -43,8 +42,8 @@ class StepProfile:
 
     def __enter__(self) -> StepProfile:
         eng = self.engine
-        for fn in ("paged_attention", "paged_attention_decode", "paged_attention_prefill", "store_kv"):
-            self._wrap(kernels, fn, "attention")
+        for fn in ("attention", "store_kv"):  # the one backend object the model calls
+            self._wrap(eng.executor.runner.backend, fn, "attention")
         self._wrap(F, "linear", "gemm")
         self._wrap(packed_linear, "linear", "gemm")
         self._wrap(engine_module, "prepare", "input preparation")

@@ -12,7 +12,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.errors import ParamError
 from engine.sampler import Sampler, SamplingRow
-from engine.sampling_params import StructuredOutput
+from engine.sampling_params import Constraint
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_allowed_ids_that_bad_words_all_ban_are_refused(llm):
 def test_a_grammar_that_forbids_every_allowed_token_aborts_with_an_error(llm):
     yes, no = yes_no(llm)
     params = SamplingParams(temperature=0, max_tokens=4, allowed_token_ids=no,
-                            structured=StructuredOutput("choice", json.dumps(["yes"])))
+                            structured=Constraint("choice", json.dumps(["yes"])))
     out = llm.generate(["hi"], params, use_tqdm=False)[0].outputs[0]
     assert out.finish_reason == "abort" and out.token_ids == [] and out.text == ""
     assert "allowed_token_ids" in out.error and "structured-output" in out.error

@@ -16,7 +16,7 @@ from engine.errors import ParamError
 from engine.messages import (AbortRequest, Added, AddRequest, CompletionDelta, Died, ErrorInfo, GetStats, ModelInfo,
                              Ready, RequestDelta, RequestMetrics, StatsReply, StepOutput, Stop, Stopped,
                              TokenLogprobs)
-from engine.sampling_params import SamplingParams, StructuredOutput
+from engine.sampling_params import SamplingParams, Constraint
 from engine.serving import wire
 from engine.serving.async_llm import AsyncLLM
 from engine.stats import EngineStats, StepStats
@@ -29,7 +29,7 @@ STATS = EngineStats(blocks_total=64, blocks_free=60, blocks_used=4, blocks_share
                     prompt_tokens_computed=68, generation_tokens=40)
 PARAMS = SamplingParams(n=2, temperature=0.7, top_p=0.9, top_k=20, seed=2**63, max_tokens=None, stop=["\n\n"],
                         stop_token_ids=[7], logprobs=3, logit_bias={11: -100.0, 49151: 2.5}, allowed_token_ids=[1, 2],
-                        structured=StructuredOutput("regex", "[a-z]+"), prompt_logprobs=1, bad_words=["no"])
+                        structured=Constraint("regex", "[a-z]+"), prompt_logprobs=1, bad_words=["no"])
 LPS = [TokenLogprobs(5, -0.25, 1, [(5, -0.25), (9, -1.5)]), TokenLogprobs(9, -2.0, 3, [])]
 DELTA = RequestDelta("req-1", 12, [CompletionDelta(0, "héllo ✓", [5, 9], LPS, "stop", "\n\n", None),
                                    CompletionDelta(1, "", [], None, "abort", None, "no token is left")],
@@ -66,7 +66,7 @@ def test_params_cross_as_validated_and_are_not_checked_again(monkeypatch):
 
     monkeypatch.setattr(SamplingParams, "__post_init__", checked_again)
     got = wire.decode_command(data)
-    assert got.params == PARAMS and isinstance(got.params.structured, StructuredOutput)
+    assert got.params == PARAMS and isinstance(got.params.structured, Constraint)
 
 
 @pytest.mark.unit
@@ -119,3 +119,29 @@ def test_greedy_through_both_drivers_is_transformers(driver, hf_default, tokeniz
     with torch.no_grad():
         want = hf_greedy(hf_default, prompts, 24, tokenizer.eos_token_id)
     assert got == want
+
+
+@pytest.mark.engine
+def test_engine_core_answers_every_command_with_typed_events(tiny_model_factory):
+    """EngineCore.handle is what both drivers run: each command's answer, as an event."""
+    from engine.core import EngineCore
+
+    path = tiny_model_factory("contract-tiny", max_position_embeddings=1024)
+    engine = LLMEngine(EngineConfig.create(model=str(path), device="cpu", dtype="float32", max_model_len=64,
+                                           kv_cache_memory_bytes=16 * 8192))
+    events: list = []
+    core = EngineCore(engine, events.append)
+    assert core.handle(AddRequest("a", [5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True)))
+    assert core.handle(AddRequest("b", [5] * 60, SamplingParams(max_tokens=8)))  # past max_model_len
+    assert events[0] == Added("a")
+    refused = events[1]
+    assert isinstance(refused, Added) and refused.error.param == "max_tokens" and refused.error.bad_input
+    events.clear()
+    events.append(engine.step())
+    assert core.handle(AbortRequest("a")) and core.handle(GetStats())
+    step, aborted, stats = events
+    assert [d.token_ids for d in step.outputs[0].deltas] and not step.outputs[0].finished
+    assert aborted.outputs[0].finished and aborted.outputs[0].finish_reasons == ["abort"]
+    assert aborted.stats.blocks_free == 16  # the gauges after the abort freed its blocks
+    assert isinstance(stats, StatsReply) and stats.stats.blocks_used == 0 and stats.stats.generation_tokens == 1
+    assert not core.handle(Stop())

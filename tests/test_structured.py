@@ -104,7 +104,7 @@ def test_constraints_survive_preemption_forks_and_stop_strings(tiny_model_factor
     from engine.llm import LLM
     from engine.models.llama import kv_block_bytes
     from engine.models.loader import load_config, resolve
-    from engine.sampling_params import SamplingParams, StructuredOutput
+    from engine.sampling_params import SamplingParams, Constraint
 
     path = tiny_model_factory("structured-tiny")
     block = kv_block_bytes(load_config(resolve(str(path))), 8, __import__("torch").float32)
@@ -112,7 +112,7 @@ def test_constraints_survive_preemption_forks_and_stop_strings(tiny_model_factor
               kv_cache_memory_bytes=24 * block, block_size=8)
     pattern = r"(ab|cd)[0-9]{10,40}"
     params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=60,
-                            structured=StructuredOutput("regex", pattern))
+                            structured=Constraint("regex", pattern))
     prompts = [[5 + i, 6, 7, 8] * 10 for i in range(8)]
     first = llm.generate(prompts, [params] * 8, use_tqdm=False)
     assert llm.stats().num_preemptions > 0
@@ -120,7 +120,7 @@ def test_constraints_survive_preemption_forks_and_stop_strings(tiny_model_factor
     assert len(texts) == 24 and all(re.fullmatch(pattern, t) for t in texts), texts
     again = llm.generate(prompts, [params] * 8, use_tqdm=False)
     assert [c.text for o in again for c in o.outputs] == texts  # seeded: the same, preempted or not
-    digits = StructuredOutput("regex", r"[0-9]{30}")
+    digits = Constraint("regex", r"[0-9]{30}")
     free = llm.generate([prompts[0]], SamplingParams(temperature=1.0, seed=3, max_tokens=60, structured=digits),
                         use_tqdm=False)[0].outputs[0].text
     stop = free[5]  # a digit it will produce: the stop string ends the constrained output there

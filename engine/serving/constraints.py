@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import json
 
-from engine.sampling_params import StructuredOutput
+from engine.sampling_params import Constraint
 from engine.serving import jsontext
 from engine.serving.errors import bad_request
 from engine.serving.protocol import SamplingFields
 
 
-def structured_output(req: SamplingFields, names: dict[str, str], tool_call: StructuredOutput | None = None
-                      ) -> StructuredOutput | None:
+def structured_output(req: SamplingFields, names: dict[str, str], tool_call: Constraint | None = None
+                      ) -> Constraint | None:
     """The one constraint a request asks for, however it spells it (a forced tool call is
     one too); `names` learns which field it came from, so errors point there."""
-    found: list[tuple[str, StructuredOutput]] = [("tools", tool_call)] if tool_call else []  # their schemas
+    found: list[tuple[str, Constraint]] = [("tools", tool_call)] if tool_call else []  # their schemas
     rf = req.response_format
     if rf is not None and rf.type == "json_object":
-        found.append(("response_format", StructuredOutput("json_object")))
+        found.append(("response_format", Constraint("json_object")))
     elif rf is not None and rf.type == "json_schema":
         if rf.json_schema is None or rf.json_schema.schema_ is None:
             raise bad_request("response_format json_schema needs json_schema.schema", "response_format")
-        found.append(("response_format", StructuredOutput("json", json.dumps(rf.json_schema.schema_))))
+        found.append(("response_format", Constraint("json", json.dumps(rf.json_schema.schema_))))
     so = req.structured_outputs
     spelled = [("structured_outputs", kind, value) for kind, value in (
         ("json", so.json_), ("regex", so.regex), ("choice", so.choice), ("grammar", so.grammar))] if so else []
@@ -35,7 +35,7 @@ def structured_output(req: SamplingFields, names: dict[str, str], tool_call: Str
         if kind == "json" and isinstance(value, str):  # a schema sent as text is bounded like the body
             value = jsontext.loads(value, name, "the JSON schema")
         spec = value if isinstance(value, str) else json.dumps(value)  # a schema or choices as JSON text
-        found.append((name, StructuredOutput(kind, spec)))
+        found.append((name, Constraint(kind, spec)))
     if len(found) > 1:
         raise bad_request(f"give one structured-output constraint, not {len(found)} ("
                           + ", ".join(n for n, _ in found) + ")", found[1][0])

@@ -37,11 +37,11 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, "invalid_request_error", param, code)
 
 
-def to_api_error(exc: BaseException, params: Mapping[str, str] | None = None,
+def to_api_error(exc: BaseException, names: Mapping[str, str] | None = None,
                  request_id: str | None = None) -> APIError:
     """Map any exception to what the client gets.
 
-    `params` renames engine field names to the request's own (SamplingParams' `logprobs`
+    `names` renames engine field names to the request's own (SamplingParams' `logprobs`
     is chat's `top_logprobs`, say), so `param` always points into the client's JSON.
     The server's own failures are logged in full under the request's id; the client gets
     the id and a plain message, never an internal exception's text.
@@ -49,7 +49,7 @@ def to_api_error(exc: BaseException, params: Mapping[str, str] | None = None,
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, ParamError):
-        param = (params or {}).get(exc.param, exc.param) if exc.param else None
+        param = (names or {}).get(exc.param, exc.param) if exc.param else None
         return bad_request(str(exc), param)
     if isinstance(exc, QueueFullError):
         return APIError(429, str(exc), "rate_limit_error", None, "queue_full",

@@ -20,7 +20,7 @@ from typing import Any
 from engine.engine import encode_prompt
 from engine.llm import apply_chat_template
 from engine.messages import TokenLogprobs
-from engine.sampling_params import SamplingParams, StructuredOutput
+from engine.sampling_params import SamplingParams, Constraint
 from engine.serving import tools as tools_mod
 from engine.serving.admission import Offload
 from engine.serving.async_llm import AsyncLLM, StreamOutput
@@ -104,7 +104,7 @@ class OpenAIServing:
 
     # -- sampling -------------------------------------------------------------------
     def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None,
-                        names: dict[str, str], tool_call: StructuredOutput | None = None,
+                        names: dict[str, str], tool_call: Constraint | None = None,
                         prompt_logprobs: int | None = None) -> SamplingParams:
         """The model's generation_config.json, then OpenAI's defaults, where the request is
         silent (as vLLM's `--generation-config auto`); SamplingParams checks the ranges."""

@@ -113,7 +113,7 @@ class ResponseFormat(_Request):
     json_schema: JSONSchemaFormat | None = None
 
 
-class StructuredOutputs(_Request):
+class StructuredOutputsParams(_Request):
     """vLLM's `structured_outputs`: exactly one constraint."""
 
     json_: dict[str, Any] | str | None = Field(None, alias="json")
@@ -156,7 +156,7 @@ class SamplingFields(_Request):
     priority: int = 0  # lower is served first, with the engine's scheduling_policy "priority"
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older spellings
     response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None

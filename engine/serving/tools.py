@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from engine.sampling_params import StructuredOutput
+from engine.sampling_params import Constraint
 from engine.serving import jsontext
 from engine.serving.errors import bad_request
 from engine.serving.protocol import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall, ToolChoice
@@ -123,7 +123,7 @@ def call_text(name: str, arguments: Any) -> str:
     return f"{OPEN}\n{body}\n{CLOSE}"
 
 
-def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> StructuredOutput | None:
+def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> Constraint | None:
     """The grammar a tool choice needs, as an xgrammar structural tag, or None.
 
     `required` and a named function: one or more calls (one without parallel calls) and
@@ -143,7 +143,7 @@ def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> 
                "stop_after_first": not parallel}
     else:
         fmt = {"type": "triggered_tags", "triggers": [OPEN], "tags": tags, "stop_after_first": not parallel}
-    return StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
+    return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
 
 
 def new_call_id() -> str:
