@@ -47,6 +47,9 @@ class EngineConfig(BaseModel):
     # torch.distributed (gloo on the CPU, NCCL on CUDA); tp x pp processes in all.
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     pipeline_parallel_size: int = Field(1, ge=1, le=64)
+    # Compute on quantized weights (CPU, engine/models/quantize.py): "gguf" keeps a GGUF
+    # file's blocks, "int8" quantizes any checkpoint per output channel at load.
+    quantization: Literal["gguf", "int8"] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "EngineConfig":
@@ -116,8 +119,13 @@ class Placement:
 
     @classmethod
     def resolve(cls, config: EngineConfig, hf_config: Any) -> "Placement":
+        from engine.models import quantize
+
         device = _device(config.device)
-        dtype = _dtype(config.dtype, device)
+        # Quantized GEMMs keep activations in fp32: "auto" means that there.
+        dtype = torch.float32 if config.quantization and config.dtype == "auto" else _dtype(config.dtype, device)
+        quantize.check(config.quantization, device, dtype, config.tensor_parallel_size,
+                       config.pipeline_parallel_size)
         backend = select_backend(config.attention_backend, device)
         positions = int(getattr(hf_config, "max_position_embeddings", 2048))
         if config.max_model_len is not None and config.max_model_len > positions:

@@ -67,7 +67,8 @@ class LLMEngine:
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed, grammars=self.grammars)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
-        self.tracker = StatsTracker(self.scheduler, self.kv_manager)
+        self.tracker = StatsTracker(self.scheduler, self.kv_manager, config.quantization,
+                                    self.executor.weight_bytes(hf_config, resolved.dtype))
         # Everything built so far (model, tokenizer, modules) lives as long as the engine:
         # keep it out of the collector's scans, which otherwise stall steps at random.
         gc.collect()

@@ -44,6 +44,11 @@ class LocalExecutor:
     def submit(self, step: StepTensors) -> None:
         self._done.append(self.runner.forward(step))
 
+    def weight_bytes(self, hf_config, dtype: torch.dtype) -> int:
+        from engine.models import quantize
+
+        return quantize.weight_bytes(self.runner.model) or loader.weight_bytes(hf_config, dtype)
+
     def result(self) -> torch.Tensor:
         return self._done.popleft()
 
@@ -121,6 +126,10 @@ class ParallelExecutor:
                 recv.wait()
             self._last_send = time.monotonic()
             return logits
+
+    def weight_bytes(self, hf_config, dtype: torch.dtype) -> int:
+        """Rank 0's share of the weights (quantization is not served in parallel)."""
+        return loader.weight_bytes(hf_config, dtype) // self.layout.world
 
     def check(self) -> None:
         if self.error is not None:
@@ -207,7 +216,8 @@ def create_executor(config: EngineConfig, placement: Placement, files: loader.Mo
     fused = backend.fused_ops
     if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
         model = loader.build_model(None if dummy else files, hf_config, placement.dtype, placement.device,
-                                   max_positions=placement.max_positions, dummy=dummy, seed=config.seed, fused=fused)
+                                   max_positions=placement.max_positions, dummy=dummy, seed=config.seed, fused=fused,
+                                   quantization=config.quantization)
         resolved = ResolvedConfig.resolve(config, hf_config, placement, backend)
         return LocalExecutor(ModelRunner(model, resolved.num_blocks, config.block_size, resolved.dtype,
                                          resolved.device, backend)), resolved

@@ -45,14 +45,18 @@ class EngineStats:
     prefix_cache_hit_tokens: int
     prompt_tokens_computed: int
     generation_tokens: int
+    quantization: str | None = None  # the weights' format in force: None (the dtype), "gguf" or "int8"
+    weight_bytes: int = 0  # what the model's weights take in memory (this process's part)
 
 
 class StatsTracker:
     """Running totals of every step's counters, the KV waste average, and the gauges read
     from the scheduler and the block pool."""
 
-    def __init__(self, scheduler: Any, kv_manager: Any) -> None:
+    def __init__(self, scheduler: Any, kv_manager: Any, quantization: str | None = None,
+                 weight_bytes: int = 0) -> None:
         self.scheduler, self.kv_manager = scheduler, kv_manager
+        self.quantization, self.weight_bytes = quantization, weight_bytes
         self.totals = StepStats()
         self._waste_sum = 0.0
         self._waste_steps = 0
@@ -104,4 +108,6 @@ class StatsTracker:
             prefix_cache_hit_tokens=t.prefix_cache_hit_tokens,
             prompt_tokens_computed=t.prompt_tokens_computed,
             generation_tokens=t.generation_tokens,
+            quantization=self.quantization,
+            weight_bytes=self.weight_bytes,
         )

@@ -1,5 +1,6 @@
-"""The native CPU kernels (csrc/): paged attention, plus the fused RMSNorm-with-residual
-and SiLU-and-multiply the dense layers use. Build, load, call.
+"""The native CPU kernels (csrc/): paged attention, the fused RMSNorm-with-residual and
+SiLU-and-multiply the dense layers use, and GEMMs on quantized weights (kernels/quant.py).
+Build, load, call.
 
 Built with torch.utils.cpp_extension on first use (or ahead of time by `make setup`,
 which runs `python -m kernels.cpu`) and cached under torch's extension directory. The
@@ -24,7 +25,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp"]
+SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp", CSRC / "quant.cpp"]
 HEADERS = [CSRC / "vec.h"]
 _state: dict[str, object] = {}
 _unpinned: dict[int, set[int]] = {}  # thread id -> its CPU set before bind_threads pinned it
@@ -95,7 +96,8 @@ def available() -> bool:
     return load()
 
 
-def _op(name: str):
+def op(name: str):
+    """One of the native ops, building them first if need be."""
     if not load():
         raise RuntimeError("the native CPU kernels could not be built")
     return getattr(torch.ops.pagedserve, name)
@@ -111,7 +113,7 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its cached ones, in one call."""
-    return _op("paged_attention")(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+    return op("paged_attention")(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
 
 
 def bind_threads(cores: list[int] | None = None) -> int:
@@ -125,7 +127,7 @@ def bind_threads(cores: list[int] | None = None) -> int:
     cores = sorted(before) if cores is None else cores
     if len(cores) < torch.get_num_threads():
         return 0
-    return int(_op("bind_threads")(torch.tensor(cores[: torch.get_num_threads()])))
+    return int(op("bind_threads")(torch.tensor(cores[: torch.get_num_threads()])))
 
 
 @contextlib.contextmanager
@@ -147,18 +149,18 @@ def unpinned() -> Iterator[None]:
 
 def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """residual += x (in place, when x is given); returns weight * rmsnorm(residual)."""
-    return _op("add_rms_norm")(x, residual, weight, eps)
+    return op("add_rms_norm")(x, residual, weight, eps)
 
 
 def rope_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary q [n, H, D] and k [n, Hkv, D] from a fused qkv projection; cos/sin [n, D]."""
-    return _op("rope_qk")(qkv, cos, sin, num_heads, num_kv_heads)
+    return op("rope_qk")(qkv, cos, sin, num_heads, num_kv_heads)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, with gate_up = [gate | up] along the last dimension."""
-    return _op("silu_mul")(gate_up)
+    return op("silu_mul")(gate_up)
 
 
 if __name__ == "__main__":

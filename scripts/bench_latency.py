@@ -4,8 +4,11 @@ Paged attention pays for its indirection when only one sequence runs. This measu
 time to first token for a 500-token prompt and then the decode rate of that lone
 request, for our engine and for transformers `generate` (contiguous cache), same model,
 same dtype, same run. Each side is measured `--repeats` times and the median reported.
+`--quantization gguf,int8` adds our engine on quantized weights (engine/models/quantize.py)
+to the same run; `--no-hf` leaves transformers out.
 
     python scripts/bench_latency.py --dtype float32
+    python scripts/bench_latency.py --prompt-len 256 --quantization gguf,int8
 """
 
 from __future__ import annotations
@@ -55,27 +58,37 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=500)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quantization", default="", help="comma list of gguf,int8: also run these")
+    ap.add_argument("--no-hf", action="store_true", help="leave transformers out")
     args = ap.parse_args()
 
     files = loader.resolve(None)
     vocab = loader.load_config(files).vocab_size
     rng = random.Random(0)
     prompt = [rng.randrange(100, vocab) for _ in range(args.prompt_len)]
-    llm = LLM(None, dtype=args.dtype, enable_prefix_caching=False, max_model_len=2048)
-    from transformers import AutoModelForCausalLM
+    kw = dict(enable_prefix_caching=False, max_model_len=2048)
+    sides = [("engine", ours, LLM(None, dtype=args.dtype, **kw))]
+    for mode in filter(None, args.quantization.split(",")):
+        sides.append((f"engine {mode}", ours, LLM(None, quantization=mode, **kw)))
+    if not args.no_hf:
+        from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(files.path, dtype=getattr(torch, args.dtype)).eval()
-    ours(llm, prompt[:32], 4)
-    hf(model, prompt[:32], 4)  # warm both
+        model = AutoModelForCausalLM.from_pretrained(files.path, dtype=getattr(torch, args.dtype)).eval()
+        sides.append(("transformers", hf, model))
+    for _, fn, target in sides:
+        fn(target, prompt[:32], 4)  # warm every side
     results = {}
-    for name, fn, target in (("engine", ours, llm), ("transformers", hf, model)):
+    for name, fn, target in sides:
         runs = [fn(target, prompt, args.new_tokens) for _ in range(args.repeats)]
         ttft = statistics.median(r[0] for r in runs)
         rate = statistics.median(r[1] for r in runs)
+        spread = (max(r[1] for r in runs) - min(r[1] for r in runs)) / rate
         results[name] = (ttft, rate)
-        print(f"{name:13s} TTFT {ttft * 1000:7.1f} ms   decode {rate:6.1f} tok/s")
-    (t_ours, r_ours), (t_hf, r_hf) = results["engine"], results["transformers"]
-    print(f"engine / transformers: decode {r_ours / r_hf:.2f}x, TTFT {t_hf / t_ours:.2f}x (higher is better)")
+        print(f"{name:13s} TTFT {ttft * 1000:7.1f} ms   decode {rate:6.1f} tok/s   (decode spread {spread:.1%})")
+    t_ours, r_ours = results["engine"]
+    for name, (t, r) in results.items():
+        if name != "engine":
+            print(f"{name} / engine fp: decode {r / r_ours:.2f}x, TTFT {t_ours / t:.2f}x (higher is better)")
 
 
 if __name__ == "__main__":

@@ -49,11 +49,12 @@ def workload(n: int, seed: int, vocab: int) -> list[tuple[list[int], int]]:
     return reqs
 
 
-def make_engine(model_dir: str | None, dtype: str, args, tp: int = 1, pp: int = 1) -> LLM:
+def make_engine(model_dir: str | None, dtype: str, args, tp: int = 1, pp: int = 1,
+                quantization: str | None = None) -> LLM:
     return LLM(model_dir, dtype=dtype, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_bytes=args.kv_bytes,
                enable_prefix_caching=False, attention_backend=args.backend, tensor_parallel_size=tp,
-               pipeline_parallel_size=pp)
+               pipeline_parallel_size=pp, quantization=quantization)
 
 
 def run_engine(llm: LLM, reqs) -> float:
@@ -161,6 +162,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="per-step breakdown of our engine's time")
     ap.add_argument("--structured", action="store_true", help="also run the workload JSON-schema constrained")
     ap.add_argument("--backend", default="auto", choices=["auto", "torch", "native"])
+    ap.add_argument("--quantization", default="", help="comma list of gguf,int8: also run the workload on these")
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-num-seqs", type=int, default=64)
@@ -200,6 +202,13 @@ def main() -> None:
         spread = (max(results["engine"]) - min(results["engine"])) / min(results["engine"])
         print(f"engine best {ours:.1f} tok/s, spread {spread:.1%} over {args.runs} runs, "
               f"mean KV waste {stats.kv_waste_mean:.2%}, preemptions {stats.num_preemptions}")
+    for mode in filter(None, args.quantization.split(",")):  # the same workload on quantized weights
+        qllm = make_engine(args.model, args.dtype, args, quantization=mode)
+        results[f"engine_{mode}"] = [total_out / run_engine(qllm, reqs) for _ in range(max(args.runs, 1))]
+        best = max(results[f"engine_{mode}"])
+        print(f"engine {mode}: " + " / ".join(f"{r:.1f}" for r in results[f"engine_{mode}"])
+              + f" tok/s, best {best:.1f}" + (f", {best / ours:.2f}x fp" if ours else ""))
+        del qllm
     if args.structured and args.runs:
         elapsed, produced = run_engine_structured(llm, reqs)
         results["engine_json_schema"] = [produced / elapsed]

@@ -8,7 +8,7 @@
 What is stored is always an HF-format directory (config, tokenizer, safetensors): a GGUF
 is dequantized here, once, with the engine's own loader, so a server or a container
 starts by reading safetensors instead of spending half a minute dequantizing on every
-cold start. Nothing is downloaded. The tag defaults to the serving preset's
+cold start. An imported GGUF file is kept beside them, for `quantization: gguf`. Nothing is downloaded. The tag defaults to the serving preset's
 `service.model_tag` ($PAGEDSERVE_CONFIG, else config/default.yaml), which is what
 service.py looks up.
 """
@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             # Subdirectories (such as original/ checkpoints) are never read by the engine.
             if item.is_file() and not item.name.startswith(".") and item.suffix not in SKIP_SUFFIXES:
                 shutil.copy2(item, dest / item.name)
+        if files.source.endswith(".gguf"):  # its blocks, for `quantization: gguf` (engine/models/quantize.py)
+            shutil.copy2(files.source, dest / Path(files.source).name)
     stored = bentoml.models.get(model.tag)
     print(f"imported {files.source} as {stored.tag} (serves as {served!r}) into {stored.path}")
     return 0

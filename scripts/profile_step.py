@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import engine.engine as engine_module
 from engine.llm import LLM
 from engine.models import packed_linear
+from kernels import quant
 
 
 class StepProfile:
@@ -46,6 +47,7 @@ class StepProfile:
             self._wrap(eng.executor.runner.backend, fn, "attention")
         self._wrap(F, "linear", "gemm")
         self._wrap(packed_linear, "linear", "gemm")
+        self._wrap(quant, "qlinear", "gemm")  # quantized weights (engine/models/quantize.py)
         self._wrap(engine_module, "prepare", "input preparation")
         self._wrap(eng.executor.runner, "model", "model forward")  # rank 0's part under parallelism
         self._wrap(eng, "sampler", "sampler")

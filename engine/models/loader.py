@@ -170,10 +170,13 @@ def build_model(
     seed: int = 0,
     fused: bool = False,
     dist: parallel.Dist | None = None,
+    quantization: str | None = None,
 ) -> LlamaForCausalLM:
     """Instantiate our model and fill it: from the checkpoint, or randomly for `dummy`.
 
-    `fused` (CPU, with the native kernels built) swaps eager elementwise chains for fused ops."""
+    `fused` (CPU, with the native kernels built) swaps eager elementwise chains for fused ops.
+    `quantization` (engine/models/quantize.py) then swaps every GEMM weight and the
+    embedding for quantized ones, releasing the fp32 tensors."""
     torch.manual_seed(seed)
     with torch.device(device):
         model = LlamaForCausalLM(config, max_positions, dist)
@@ -188,7 +191,11 @@ def build_model(
         assert files is not None
         model.load_weights(iter_weights(files))
     model = model.to(dtype=dtype).eval()
-    if packed_linear.supported(device, dtype):
+    if quantization is not None:
+        from engine.models import quantize
+
+        quantize.apply(model, quantization, files.source if files is not None else "", config)
+    elif packed_linear.supported(device, dtype):
         model.pack_linears()
     if fused and device.type == "cpu":
         model.use_fused_ops()

@@ -57,8 +57,10 @@ class OpenAIServing:
                            "invalid_request_error", "model", "model_not_found")
 
     def models(self) -> ModelList:
+        info = self.llm.info
         return ModelList(data=[ModelCard(id=name, created=self.created, root=self.root,
-                                         max_model_len=self.llm.info.max_model_len) for name in self.names])
+                                         max_model_len=info.max_model_len, quantization=info.stats.quantization)
+                               for name in self.names])
 
     async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         self.check_model(req.model)

@@ -73,6 +73,9 @@ class EngineMetrics:
                                      labelnames=["model_name", "finished_reason"],
                                      **({"registry": registry} if registry is not None else {}))
         self._model_name = model_name
+        self.weight_bytes = prom.Gauge(f"{p}:model_weight_bytes", "Bytes the model's weights take, by format.",
+                                       labelnames=["model_name", "quantization"], multiprocess_mode="livemax",
+                                       **({"registry": registry} if registry is not None else {}))
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Time between a request's tokens.", ITL_BUCKETS)
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", REQUEST_BUCKETS)
@@ -83,6 +86,7 @@ class EngineMetrics:
     def record_start(self, stats: EngineStats) -> None:
         """The pool's size and the gauges before the first step."""
         self.blocks_total.set(stats.blocks_total)
+        self.weight_bytes.labels(self._model_name, stats.quantization or "none").set(stats.weight_bytes)
         for gauge, value in ((self.running, stats.num_running), (self.waiting, stats.num_waiting),
                              (self.kv_usage, stats.kv_cache_usage), (self.blocks_free, stats.blocks_free),
                              (self.blocks_shared, stats.blocks_shared),

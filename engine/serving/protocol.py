@@ -336,6 +336,7 @@ class ModelCard(BaseModel):
     owned_by: str = "pagedserve"
     root: str | None = None
     max_model_len: int | None = None
+    quantization: str | None = None  # the weights' format in force (engine `quantization`), None: the dtype
 
 
 class ModelList(BaseModel):

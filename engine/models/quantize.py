@@ -1,0 +1,211 @@
+"""Quantized weights for the CPU: every GEMM of the model (the projections, the MLP and
+the head) and the embedding computed on quantized weights by kernels/csrc/quant.cpp.
+
+- "gguf": the GGUF file's own blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), so the values are
+  exactly those the file holds, which are the ones the fp32 path dequantizes;
+- "int8": per-output-channel symmetric int8, quantized at load from the fp32 weights of
+  any checkpoint (a GGUF's dequantized values included).
+
+Activations and sums stay fp32. Anything that cannot be served is a ParamError naming
+`quantization`, never a silent fallback to fp32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.errors import ParamError
+from engine.models import packed_linear
+from kernels import quant
+
+MODES = ("gguf", "int8")
+# Up to 4 rows (decode) the native kernel streams the blocks; from this many on, the
+# weight is dequantized into a reused fp32 buffer and multiplied by oneDNN, which wins
+# there (measured on the model's shapes: 1.08 against 1.56 ms a layer at 16 rows, 9.5
+# against 21.5 ms at 256). The buffer holds 8 MB of one matrix at a time
+# (a layer's projection whole, the head in slices), so no fp32 copy of the model exists.
+MANY_ROWS = 5
+SCRATCH_VALUES = 2 << 20
+_scratch: list[torch.Tensor] = []
+# Our fused projections and the GGUF tensors that fill them, in order.
+GGUF_PARTS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "self_attn.o_proj": ("attn_output",),
+              "mlp.gate_up_proj": ("ffn_gate", "ffn_up"), "mlp.down_proj": ("ffn_down",)}
+
+
+class QuantLinear(nn.Module):
+    """y = x W^T (+ bias) with W quantized: fp32 in, fp32 out."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor | None, qtype: int, in_features: int,
+                 bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.qtype, self.in_features, self.out_features = qtype, in_features, qweight.shape[0]
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scales", None if scales is None else scales.float().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= MANY_ROWS:
+            return self._many_rows(x)
+        y = quant.qlinear(x, self.qweight, self.scales, self.qtype, self.in_features)
+        return y if self.bias is None else y.add_(self.bias)
+
+    def _many_rows(self, x: torch.Tensor) -> torch.Tensor:
+        k, n = self.in_features, self.out_features
+        step = max(8, SCRATCH_VALUES // k)
+        buf = _buffer(min(n, step) * k)
+        if n <= step:
+            return packed_linear.linear(x, quant.dequant_into(self.qweight, self.scales, buf, self.qtype, k), self.bias)
+        y = x.new_empty(x.shape[0], n)
+        for n0 in range(0, n, step):
+            part = slice(n0, min(n, n0 + step))
+            dense = quant.dequant_into(self.qweight[part], None if self.scales is None else self.scales[part], buf,
+                                       self.qtype, k)
+            y[:, part] = packed_linear.linear(x, dense, None if self.bias is None else self.bias[part])
+        return y
+
+    def dequantized(self) -> torch.Tensor:
+        return quant.dequantize(self.qweight, self.scales, self.qtype, self.in_features)
+
+    def extra_repr(self) -> str:
+        return f"{quant.FORMATS[self.qtype].name}, in={self.in_features}, out={self.out_features}"
+
+
+class QuantEmbedding(nn.Module):
+    """Rows of a quantized matrix, dequantized as they are looked up; it can share its
+    weights with the head (tied embeddings)."""
+
+    def __init__(self, table: QuantLinear) -> None:
+        super().__init__()
+        self.table = table
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        t = self.table
+        return quant.dequant_rows(t.qweight, t.scales, ids, t.qtype, t.in_features)
+
+
+def _buffer(numel: int) -> torch.Tensor:
+    """One fp32 buffer per process, grown to the largest matrix dequantized so far."""
+    if not _scratch or _scratch[0].numel() < numel:
+        _scratch[:] = [torch.empty(numel)]
+    return _scratch[0]
+
+
+def check(mode: str | None, device: torch.device, dtype: torch.dtype, tp: int, pp: int) -> None:
+    """What can be decided from the config alone."""
+    if mode is None:
+        return
+    if mode not in MODES:
+        raise ParamError("quantization", f"quantization must be null, {' or '.join(map(repr, MODES))}; got {mode!r}")
+    if device.type != "cpu":
+        raise ParamError("quantization", f"quantization {mode!r} runs on the CPU kernels; the device is {device.type}")
+    if dtype != torch.float32:
+        raise ParamError("quantization", f"quantization {mode!r} keeps activations in float32; dtype is {dtype}")
+    if tp * pp != 1:
+        raise ParamError("quantization", f"quantization {mode!r} is not served under tensor or pipeline "
+                         "parallelism yet")
+
+
+def apply(model: Any, mode: str, source: str, config: Any) -> None:
+    """Swap the model's fp32 GEMM weights and embedding for quantized ones, in place; the
+    fp32 tensors are released."""
+    tensors = _tensors(source) if mode == "gguf" else {}
+    if mode == "gguf":
+        parts = _gguf_layers(model, tensors, config)
+    else:
+        parts = {name: _int8(mod) for name, mod in model.layers.named_modules() if isinstance(mod, nn.Linear)}
+    for name, new in parts.items():
+        owner, leaf = name.rsplit(".", 1)
+        setattr(model.layers.get_submodule(owner), leaf, new)
+    table = _gguf_table(tensors, "token_embd") if mode == "gguf" else _int8(model.embed_tokens)
+    if not model.tie:
+        model.head = _gguf_table(tensors, "output") if mode == "gguf" else _int8(model.lm_head)
+        del model.lm_head
+    else:
+        model.head = table
+    model.embed_tokens = QuantEmbedding(table)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the quantized weights (the head counted once when tied)."""
+    seen: dict[int, int] = {}
+    for mod in model.modules():
+        if isinstance(mod, QuantLinear):
+            seen[id(mod)] = mod.qweight.numel() * mod.qweight.element_size()
+    return sum(seen.values())
+
+
+def _int8(linear: nn.Module) -> QuantLinear:
+    weight = linear.weight
+    q, scales = quant.quantize_int8(weight)
+    return QuantLinear(q, scales, quant.INT8_ROWS, weight.shape[1], getattr(linear, "bias", None))
+
+
+# -- GGUF -------------------------------------------------------------------------------
+def _reader(source: str) -> Any:
+    """The GGUF file itself, or the one a model directory holds (scripts/import_model.py
+    keeps the file next to the dequantized weights when it imports a GGUF)."""
+    path = Path(source)
+    if path.is_dir():
+        found = sorted(path.glob("*.gguf"))
+        path = found[0] if len(found) == 1 else path
+    if path.suffix != ".gguf" or not path.is_file():
+        raise ParamError("quantization", f"quantization 'gguf' computes on a GGUF file's blocks; the model "
+                         f"{source!r} is not a .gguf file (use 'int8' for other checkpoints)")
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
+def _tensors(source: str) -> dict[str, Any]:
+    return {t.name: t for t in _reader(source).tensors}
+
+
+def _blocks(tensors: dict[str, Any], name: str) -> tuple[int, torch.Tensor, int]:
+    """(type, [N, row_bytes] bytes, K) of one GGUF tensor, refused if no kernel reads its type."""
+    t = tensors.get(name)
+    if t is None:
+        raise ParamError("quantization", f"the GGUF file has no tensor {name!r}")
+    qtype = int(t.tensor_type)
+    if qtype not in quant.FORMATS or qtype == quant.INT8_ROWS:
+        supported = ", ".join(f.name for q, f in quant.FORMATS.items() if q != quant.INT8_ROWS)
+        raise ParamError("quantization", f"GGUF tensor {name!r} is {t.tensor_type.name}; quantization 'gguf' "
+                         f"serves {supported}")
+    k = int(t.shape[0])
+    data = torch.from_numpy(t.data.copy()).view(torch.uint8).reshape(-1, quant.row_bytes(qtype, k))
+    return qtype, data, k
+
+
+def _unpermute(data: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's converter interleaves each head's rotary halves in q and k; transformers
+    undoes it when it reads the file (the fp32 path's weights). The same row order here."""
+    n = data.shape[0]
+    order = torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
+    return data[order]
+
+
+def _gguf_table(tensors: dict[str, Any], name: str) -> QuantLinear:
+    qtype, data, k = _blocks(tensors, f"{name}.weight")
+    return QuantLinear(data, None, qtype, k)
+
+
+def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, QuantLinear]:
+    out = {}
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    heads = {"attn_q": config.num_attention_heads, "attn_k": kv_heads}
+    first, _end = model.layer_range
+    for i, layer in enumerate(model.layers):
+        for ours, theirs in GGUF_PARTS.items():
+            blocks = [_blocks(tensors, f"blk.{first + i}.{name}.weight") for name in theirs]
+            types = {b[0] for b in blocks}
+            if len(types) != 1:
+                names = ", ".join(f"{n}={quant.FORMATS[b[0]].name}" for n, b in zip(theirs, blocks))
+                raise ParamError("quantization", f"layer {first + i} mixes block types in one fused projection "
+                                 f"({names}); quantization 'gguf' needs them alike")
+            rows = [_unpermute(b[1], heads[n]) if n in heads else b[1] for n, b in zip(theirs, blocks)]
+            bias = getattr(layer.get_submodule(ours), "bias", None)
+            out[f"{i}.{ours}"] = QuantLinear(torch.cat(rows), None, blocks[0][0], blocks[0][2], bias)
+    return out

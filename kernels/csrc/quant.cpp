@@ -1,0 +1,414 @@
+// GEMMs on quantized weights, for the CPU: y[M, N] = x[M, K] . W[N, K]^T with W kept as
+// GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) or as int8 rows with one fp32 scale each.
+//
+// One kernel for every row count. Output channels go in panels of four; a thread
+// dequantizes its panel's four weight rows once into an L1-sized scratch (fp32), then
+// runs every row of x over it with a 3x4 (or 1x4) register tile of fp32 accumulators.
+// Rows come in chunks of 64, so a chunk of x stays in L2 while every panel streams past
+// it: a decode step (1-16 rows) reads each weight byte once, a prefill chunk
+// dequantizes each panel once per 64 rows, which is small beside 64 rows of FMAs.
+// Activations stay fp32 and so do the sums; the weights' values are exactly the blocks'.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "vec.h"
+
+namespace pagedserve {
+namespace {
+
+// GGML's type numbers for the block types, and ours for int8 rows.
+constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, INT8_ROWS = 1000;
+constexpr int64_t PANEL = 4;     // output channels dequantized together
+constexpr int64_t ROW_CHUNK = 64;
+
+inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      int e = -1;
+      uint32_t m = man;
+      do { m <<= 1; ++e; } while (!(m & 0x400));
+      bits = sign | ((112 - e) << 23) | ((m & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// Bytes of one row of K weights in each format.
+int64_t row_bytes(int64_t qtype, int64_t K) {
+  switch (qtype) {
+    case Q8_0: return K / 32 * 34;
+    case Q4_0: return K / 32 * 18;
+    case Q4_1: return K / 32 * 20;
+    case Q4_K: return K / 256 * 144;
+    case Q6_K: return K / 256 * 210;
+    case INT8_ROWS: return K;
+  }
+  TORCH_CHECK(false, "unsupported quantized type ", qtype);
+}
+
+// 16 packed nibbles -> 32 floats q * d + m: low nibbles are weights 0-15, high ones 16-31.
+inline void nibbles(const uint8_t* qs, float d, float m, float* out) {
+#ifdef PAGEDSERVE_AVX2
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+  const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int i = 0; i < 4; ++i) {
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i]));
+    _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(f, vd, vm));
+  }
+#else
+  for (int j = 0; j < 16; ++j) {
+    out[j] = (qs[j] & 0x0f) * d + m;
+    out[j + 16] = (qs[j] >> 4) * d + m;
+  }
+#endif
+}
+
+// n signed bytes -> floats q * d (n a multiple of 8 on the AVX2 path's main loop).
+inline void bytes_scaled(const int8_t* q, float d, float* out, int64_t n) {
+  int64_t j = 0;
+#ifdef PAGEDSERVE_AVX2
+  const __m256 vd = _mm256_set1_ps(d);
+  for (; j + 8 <= n; j += 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + j));
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), vd));
+  }
+#endif
+  for (; j < n; ++j) out[j] = q[j] * d;
+}
+
+// Q4_K: 256 weights, two fp16 super-scales and eight 6-bit (scale, min) pairs.
+inline void scale_min_k4(int j, const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+void dequant_q4_k(const uint8_t* b, float* out) {
+  const float d = half_to_float(load_u16(b)), dmin = half_to_float(load_u16(b + 2));
+  const uint8_t* scales = b + 4;
+  const uint8_t* q = b + 16;
+  for (int g = 0; g < 4; ++g) {  // 64 weights: 32 low nibbles, then 32 high ones
+    uint8_t s0, m0, s1, m1;
+    scale_min_k4(2 * g, scales, &s0, &m0);
+    scale_min_k4(2 * g + 1, scales, &s1, &m1);
+    const float d0 = d * s0, n0 = dmin * m0, d1 = d * s1, n1 = dmin * m1;
+    for (int l = 0; l < 32; ++l) {
+      out[64 * g + l] = d0 * (q[l] & 0x0f) - n0;
+      out[64 * g + 32 + l] = d1 * (q[l] >> 4) - n1;
+    }
+    q += 32;
+  }
+}
+
+// Q6_K: 256 weights of 4 low bits (ql) and 2 high bits (qh), sixteen int8 scales, fp16 d.
+void dequant_q6_k(const uint8_t* b, float* out) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = half_to_float(load_u16(b + 208));
+  for (int half = 0; half < 2; ++half) {
+    for (int l = 0; l < 32; ++l) {
+      const int s = l / 16;
+      const int q1 = ((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      out[l] = d * sc[s] * q1;
+      out[l + 32] = d * sc[s + 2] * q2;
+      out[l + 64] = d * sc[s + 4] * q3;
+      out[l + 96] = d * sc[s + 6] * q4;
+    }
+    out += 128;
+    ql += 64;
+    qh += 32;
+    sc += 8;
+  }
+}
+
+// One weight row of K values, dequantized into out.
+void dequant_row(const uint8_t* row, int64_t qtype, int64_t K, float scale, float* out) {
+  switch (qtype) {
+    case Q8_0:
+      for (int64_t k = 0; k < K; k += 32, row += 34)
+        bytes_scaled(reinterpret_cast<const int8_t*>(row + 2), half_to_float(load_u16(row)), out + k, 32);
+      return;
+    case Q4_0:
+      for (int64_t k = 0; k < K; k += 32, row += 18) {
+        const float d = half_to_float(load_u16(row));
+        nibbles(row + 2, d, -8.f * d, out + k);
+      }
+      return;
+    case Q4_1:
+      for (int64_t k = 0; k < K; k += 32, row += 20)
+        nibbles(row + 4, half_to_float(load_u16(row)), half_to_float(load_u16(row + 2)), out + k);
+      return;
+    case Q4_K:
+      for (int64_t k = 0; k < K; k += 256, row += 144) dequant_q4_k(row, out + k);
+      return;
+    case Q6_K:
+      for (int64_t k = 0; k < K; k += 256, row += 210) dequant_q6_k(row, out + k);
+      return;
+    case INT8_ROWS:
+      bytes_scaled(reinterpret_cast<const int8_t*>(row), scale, out, K);
+      return;
+  }
+}
+
+#ifdef PAGEDSERVE_AVX2
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+#endif
+
+// y[r, c] = sum_k x[r, k] * w[c, k] for R rows of x against a panel of PANEL dequantized
+// weight rows. Registers: R x-vectors, R * PANEL accumulators and one weight vector
+// (16 for R = 3), so nothing spills.
+template <int R>
+void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int64_t ldy, int64_t cols) {
+  float sums[R][PANEL];
+  int64_t k = 0;
+#ifdef PAGEDSERVE_AVX2
+  __m256 acc[R][PANEL];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < PANEL; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (; k + 8 <= K; k += 8) {
+    __m256 xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(x + r * ldx + k);
+    for (int c = 0; c < PANEL; ++c) {
+      const __m256 wv = _mm256_loadu_ps(w + c * K + k);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < PANEL; ++c) sums[r][c] = hsum(acc[r][c]);
+#else
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < PANEL; ++c) sums[r][c] = 0.f;
+#endif
+  for (; k < K; ++k)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < PANEL; ++c) sums[r][c] += x[r * ldx + k] * w[c * K + k];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) y[r * ldy + c] = sums[r][c];
+}
+
+// -- few rows: dequantize in registers, scales after the block sums ------------------------
+// For a decode step every weight is used by one to four rows, so the cost is reading and
+// expanding the blocks. Each block's sum of q * x is taken on the raw integers (as floats),
+// then scaled once: y += d * sum(q x) + m * sum(x), with sum(x) per block computed once
+// per row for every output channel. The values are the blocks' exactly; only the order
+// of the fp32 additions differs from the dequantized product.
+#ifdef PAGEDSERVE_AVX2
+// The 32 values of one block's quants as four float vectors.
+inline void block_q(const uint8_t* b, int64_t qtype, __m256* q) {
+  if (qtype == Q8_0) {
+    const int8_t* p = reinterpret_cast<const int8_t*>(b + 2);
+    for (int i = 0; i < 4; ++i)
+      q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * i))));
+    return;
+  }
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (qtype == Q4_1 ? 4 : 2)));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+  q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+  q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+  q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+// R rows (R <= 2) against PANEL output channels of 32-blocks (Q8_0, Q4_0, Q4_1).
+template <int R>
+void few_rows(const float* x, const float* xsum, int64_t K, const uint8_t* w, int64_t rb, int64_t qtype,
+              float* y, int64_t ldy, int64_t cols) {
+  const int64_t nb = K / 32, bytes = rb / nb;
+  __m256 acc[R][PANEL];
+  float macc[R][PANEL];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < PANEL; ++c) acc[r][c] = _mm256_setzero_ps(), macc[r][c] = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256 xv[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 4; ++i) xv[r][i] = _mm256_loadu_ps(x + r * K + 32 * b + 8 * i);
+    for (int c = 0; c < cols; ++c) {
+      const uint8_t* blk = w + c * rb + b * bytes;
+      __m256 q[4];
+      block_q(blk, qtype, q);
+      const float d = half_to_float(load_u16(blk));
+      const float m = qtype == Q4_1 ? half_to_float(load_u16(blk + 2)) : (qtype == Q4_0 ? -8.f * d : 0.f);
+      const __m256 vd = _mm256_set1_ps(d);
+      for (int r = 0; r < R; ++r) {
+        const __m256 s = _mm256_add_ps(_mm256_fmadd_ps(q[1], xv[r][1], _mm256_mul_ps(q[0], xv[r][0])),
+                                       _mm256_fmadd_ps(q[3], xv[r][3], _mm256_mul_ps(q[2], xv[r][2])));
+        acc[r][c] = _mm256_fmadd_ps(s, vd, acc[r][c]);
+        macc[r][c] += m * xsum[r * nb + b];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) y[r * ldy + c] = hsum(acc[r][c]) + macc[r][c];
+}
+#endif
+
+bool few_rows_kernel(int64_t qtype, int64_t M) {
+#ifdef PAGEDSERVE_AVX2
+  return M <= 4 && (qtype == Q8_0 || qtype == Q4_0 || qtype == Q4_1);
+#else
+  return false;
+#endif
+}
+
+void check_weights(const at::Tensor& w, int64_t qtype, int64_t K) {
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && (w.scalar_type() == at::kByte || w.scalar_type() == at::kChar),
+              "quantized weights must be a contiguous [N, row_bytes] byte tensor");
+  const int64_t block = (qtype == Q4_K || qtype == Q6_K) ? 256 : (qtype == INT8_ROWS ? 1 : 32);
+  TORCH_CHECK(K % block == 0, "K (", K, ") must be a multiple of the block length ", block);
+  TORCH_CHECK(w.size(1) == row_bytes(qtype, K), "weight rows hold ", w.size(1), " bytes, type ", qtype,
+              " with K ", K, " needs ", row_bytes(qtype, K));
+}
+
+at::Tensor qlinear(const at::Tensor& x_in, const at::Tensor& w, const c10::optional<at::Tensor>& scales,
+                   int64_t qtype, int64_t K) {
+  check_weights(w, qtype, K);
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kFloat,
+              "x must be fp32 [M, ", K, "]");
+  TORCH_CHECK(qtype != INT8_ROWS || (scales.has_value() && scales->numel() == w.size(0)),
+              "int8 rows need one fp32 scale per row");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), N = w.size(0), rb = w.size(1);
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* wp = static_cast<const uint8_t*>(w.data_ptr());
+  const float* sp = qtype == INT8_ROWS ? scales->data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const int64_t panels = (N + PANEL - 1) / PANEL;
+#ifdef PAGEDSERVE_AVX2
+  if (few_rows_kernel(qtype, M)) {
+    const int64_t nb = K / 32;
+    std::vector<float> xsum(M * nb);  // each row's sum over each block
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t b = 0; b < nb; ++b) {
+        float s = 0.f;
+        for (int i = 0; i < 32; ++i) s += xp[r * K + 32 * b + i];
+        xsum[r * nb + b] = s;
+      }
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t n0 = p * PANEL, cols = std::min(PANEL, N - n0);
+        int64_t r = 0;
+        for (; r + 2 <= M; r += 2)
+          few_rows<2>(xp + r * K, xsum.data() + r * nb, K, wp + n0 * rb, rb, qtype, yp + r * N + n0, N, cols);
+        for (; r < M; ++r)
+          few_rows<1>(xp + r * K, xsum.data() + r * nb, K, wp + n0 * rb, rb, qtype, yp + r * N + n0, N, cols);
+      }
+    });
+    return y;
+  }
+#endif
+  for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
+    const int64_t mc = std::min(ROW_CHUNK, M - m0);
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      std::vector<float> scratch(PANEL * K);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t n0 = p * PANEL, cols = std::min(PANEL, N - n0);
+        for (int64_t c = 0; c < PANEL; ++c) {
+          if (c < cols)
+            dequant_row(wp + (n0 + c) * rb, qtype, K, sp ? sp[n0 + c] : 1.f, scratch.data() + c * K);
+          else
+            std::fill_n(scratch.data() + c * K, K, 0.f);
+        }
+        const float* xr = xp + m0 * K;
+        float* yr = yp + m0 * N + n0;
+        int64_t r = 0;
+        for (; r + 3 <= mc; r += 3) tile<3>(xr + r * K, K, scratch.data(), K, yr + r * N, N, cols);
+        for (; r < mc; ++r) tile<1>(xr + r * K, K, scratch.data(), K, yr + r * N, N, cols);
+      }
+    });
+  }
+  return y;
+}
+
+// Rows `ids` of a quantized matrix as fp32 [len(ids), K]: an embedding lookup.
+at::Tensor dequant_rows(const at::Tensor& w, const c10::optional<at::Tensor>& scales, const at::Tensor& ids,
+                        int64_t qtype, int64_t K) {
+  check_weights(w, qtype, K);
+  const at::Tensor idx = ids.to(at::kLong).contiguous();
+  const int64_t n = idx.numel(), rows = w.size(0), rb = w.size(1);
+  at::Tensor out = at::empty({n, K}, at::TensorOptions().dtype(at::kFloat));
+  const int64_t* ip = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(ip[i] >= 0 && ip[i] < rows, "row id ", ip[i], " out of range");
+  const uint8_t* wp = static_cast<const uint8_t*>(w.data_ptr());
+  const float* sp = qtype == INT8_ROWS ? scales->data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, n, 16, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) dequant_row(wp + ip[i] * rb, qtype, K, sp ? sp[ip[i]] : 1.f, op + i * K);
+  });
+  return out;
+}
+
+// The whole matrix, dequantized into `out` (at least N * K floats, reused by the caller
+// so that no page is faulted in per call), for GEMMs with many rows.
+at::Tensor dequant_into(const at::Tensor& w, const c10::optional<at::Tensor>& scales, at::Tensor out,
+                        int64_t qtype, int64_t K) {
+  check_weights(w, qtype, K);
+  const int64_t N = w.size(0), rb = w.size(1);
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.numel() >= N * K,
+              "out must be a contiguous fp32 buffer of at least N * K values");
+  const uint8_t* wp = static_cast<const uint8_t*>(w.data_ptr());
+  const float* sp = qtype == INT8_ROWS ? scales->data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, N, 8, [&](int64_t a, int64_t b) {
+    for (int64_t n = a; n < b; ++n) dequant_row(wp + n * rb, qtype, K, sp ? sp[n] : 1.f, op + n * K);
+  });
+  return out.narrow(0, 0, N * K).view({N, K});
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
+  m.def("qlinear(Tensor x, Tensor w, Tensor? scales, int qtype, int K) -> Tensor");
+  m.def("dequant_rows(Tensor w, Tensor? scales, Tensor ids, int qtype, int K) -> Tensor");
+  m.def("dequant_into(Tensor w, Tensor? scales, Tensor(a!) out, int qtype, int K) -> Tensor(a)");
+}
+
+TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
+  m.impl("qlinear", &qlinear);
+  m.impl("dequant_rows", &dequant_rows);
+  m.impl("dequant_into", &dequant_into);
+}
+
+}  // namespace pagedserve

@@ -1,0 +1,124 @@
+"""Quantized weight formats, their pure-torch reference (the test oracle of
+csrc/quant.cpp), and the calls into the native kernels.
+
+A quantized matrix is [N, row_bytes] bytes: each of its N output channels is one row of
+blocks along K, exactly as a GGUF file stores it, or, for "int8", K signed bytes with one
+fp32 scale per row (symmetric, per output channel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# GGML's type numbers; INT8_ROWS is ours.
+Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, INT8_ROWS = 2, 3, 8, 12, 14, 1000
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    block: int  # weights per block
+    bytes: int  # bytes per block
+
+
+FORMATS = {
+    Q8_0: Format("Q8_0", 32, 34),
+    Q4_0: Format("Q4_0", 32, 18),
+    Q4_1: Format("Q4_1", 32, 20),
+    Q4_K: Format("Q4_K", 256, 144),
+    Q6_K: Format("Q6_K", 256, 210),
+    INT8_ROWS: Format("int8", 1, 1),
+}
+
+
+def row_bytes(qtype: int, k: int) -> int:
+    f = FORMATS[qtype]
+    return k // f.block * f.bytes
+
+
+def qlinear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, qtype: int, k: int) -> torch.Tensor:
+    """x [M, K] fp32 times the quantized W [N, K] transposed (module-level so profilers can wrap it)."""
+    from kernels import cpu
+
+    return cpu.op("qlinear")(x, w, scales, qtype, k)
+
+
+def dequant_into(w: torch.Tensor, scales: torch.Tensor | None, out: torch.Tensor, qtype: int, k: int
+                 ) -> torch.Tensor:
+    """The whole [N, K] matrix in fp32, written into the front of the reusable buffer `out`."""
+    from kernels import cpu
+
+    return cpu.op("dequant_into")(w, scales, out, qtype, k)
+
+
+def dequant_rows(w: torch.Tensor, scales: torch.Tensor | None, ids: torch.Tensor, qtype: int, k: int
+                 ) -> torch.Tensor:
+    from kernels import cpu
+
+    return cpu.op("dequant_rows")(w, scales, ids, qtype, k)
+
+
+# -- the reference ----------------------------------------------------------------------
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """Little-endian fp16 from [..., 2] bytes."""
+    return b.contiguous().view(torch.float16).float().squeeze(-1)
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """[..., 16] bytes -> [..., 32]: low nibbles are weights 0-15, high ones 16-31."""
+    return torch.cat((qs & 0x0F, qs >> 4), dim=-1).float()
+
+
+def _q4_k(b: torch.Tensor) -> torch.Tensor:
+    d, dmin = _f16(b[:, 0:2])[:, None], _f16(b[:, 2:4])[:, None]
+    s = b[:, 4:16].long()
+    low = torch.cat((s[:, 0:4] & 63, (s[:, 8:12] & 0x0F) | ((s[:, 0:4] >> 6) << 4)), dim=1)  # 8 scales
+    mins = torch.cat((s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)), dim=1)
+    q = b[:, 16:].reshape(-1, 4, 32).long()
+    vals = torch.stack((q & 0x0F, q >> 4), dim=2).reshape(-1, 8, 32).float()  # sub-block j = 2g + (high)
+    return (d * low.float())[:, :, None] * vals - (dmin * mins.float())[:, :, None]
+
+
+def _q6_k(b: torch.Tensor) -> torch.Tensor:
+    ql, qh = b[:, :128].long().reshape(-1, 2, 64), b[:, 128:192].long().reshape(-1, 2, 32)
+    sc = b[:, 192:208].contiguous().view(torch.int8).float().reshape(-1, 2, 8)
+    d = _f16(b[:, 208:210])[:, None, None]
+    q1 = (ql[:, :, :32] & 0x0F) | (((qh >> 0) & 3) << 4)
+    q2 = (ql[:, :, 32:] & 0x0F) | (((qh >> 2) & 3) << 4)
+    q3 = (ql[:, :, :32] >> 4) | (((qh >> 4) & 3) << 4)
+    q4 = (ql[:, :, 32:] >> 4) | (((qh >> 6) & 3) << 4)
+    q = torch.stack((q1, q2, q3, q4), dim=2).float() - 32  # [n, half, 4 groups of 32, 32]
+    scale = torch.stack([sc[:, :, 2 * g:2 * g + 2] for g in range(4)], dim=2)  # [n, half, 4, 2]
+    scale = scale.repeat_interleave(16, dim=3)  # each scale covers 16 weights
+    return (d[..., None] * scale * q).reshape(-1, 256)
+
+
+def dequantize(w: torch.Tensor, scales: torch.Tensor | None, qtype: int, k: int) -> torch.Tensor:
+    """The fp32 [N, K] values a quantized matrix stands for."""
+    n = w.shape[0]
+    if qtype == INT8_ROWS:
+        return w.view(torch.int8).float() * scales[:, None]
+    f = FORMATS[qtype]
+    b = w.view(torch.uint8).reshape(-1, f.bytes)
+    if qtype == Q8_0:
+        vals = _f16(b[:, :2])[:, None] * b[:, 2:].contiguous().view(torch.int8).float()
+    elif qtype == Q4_0:
+        vals = _f16(b[:, :2])[:, None] * (_nibbles(b[:, 2:]) - 8)
+    elif qtype == Q4_1:
+        vals = _f16(b[:, :2])[:, None] * _nibbles(b[:, 4:]) + _f16(b[:, 2:4])[:, None]
+    elif qtype == Q4_K:
+        vals = _q4_k(b)
+    else:
+        vals = _q6_k(b)
+    return vals.reshape(n, k)
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric int8: (int8 [N, K], fp32 scale [N]) with
+    weight ~= q * scale and |q| <= 127."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale

@@ -1,0 +1,80 @@
+"""The quantized GEMM kernels (kernels/csrc/quant.cpp) alone, against the fp32 GEMM the
+engine uses otherwise (oneDNN, prepacked weights), on the embedded model's shapes.
+
+For each row count M it reports milliseconds per pass over all of one layer's GEMMs plus
+the head, the weight bytes read per second, and the ratio to fp32 in the same run.
+
+    python scripts/bench_quant.py
+    python scripts/bench_quant.py --rows 1,2,4,16,64,256 --types Q4_1,Q8_0,int8
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from engine.models import packed_linear
+from kernels import quant
+
+# (N, K) of SmolLM2-135M's GEMMs: qkv, o, gate_up, down; the head separately.
+LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+HEAD = (49152, 576)
+NAMES = {"Q8_0": quant.Q8_0, "Q4_0": quant.Q4_0, "Q4_1": quant.Q4_1, "Q4_K": quant.Q4_K, "Q6_K": quant.Q6_K,
+         "int8": quant.INT8_ROWS}
+
+
+def blocks(qtype: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if qtype == quant.INT8_ROWS:
+        return quant.quantize_int8(torch.randn(n, k, generator=gen))
+    f = quant.FORMATS[qtype]
+    raw = torch.randint(0, 256, (n * (k // f.block), f.bytes), dtype=torch.uint8, generator=gen)
+    at = 208 if qtype == quant.Q6_K else 0
+    raw[:, at:at + 2] = torch.full((raw.shape[0],), 0.01, dtype=torch.float16).view(torch.uint8).reshape(-1, 2)
+    if qtype in (quant.Q4_1, quant.Q4_K):
+        raw[:, 2:4] = raw[:, 0:2]
+    return raw.reshape(n, quant.row_bytes(qtype, k)), None
+
+
+def best_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="1,2,4,8,16,64,256")
+    ap.add_argument("--types", default="Q4_1,Q8_0,int8")
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    gen = torch.Generator().manual_seed(0)
+    shapes = LAYER + [HEAD]
+    dense = [packed_linear.PackedLinear(torch.randn(n, k, generator=gen), None) for n, k in shapes]
+    fp32_bytes = sum(n * k * 4 for n, k in shapes)
+    quants = {name: [blocks(NAMES[name], n, k, gen) for n, k in shapes] for name in args.types.split(",")}
+    print(f"{'rows':>5} {'format':>6} {'ms':>8} {'GB/s':>7} {'GFLOP/s':>8} {'vs fp32':>8}")
+    for m in map(int, args.rows.split(",")):
+        xs = {k: torch.randn(m, k, generator=gen) for k in {k for _, k in shapes}}
+        flops = sum(2 * m * n * k for n, k in shapes)
+        fp_ms = best_ms(lambda: [lin(xs[lin.in_features]) for lin in dense], args.repeats)
+        print(f"{m:>5} {'fp32':>6} {fp_ms:8.3f} {fp32_bytes / fp_ms / 1e6:7.1f} {flops / fp_ms / 1e6:8.1f} {1:8.2f}")
+        for name, ws in quants.items():
+            qtype = NAMES[name]
+
+            def run() -> None:
+                for (n, k), (w, s) in zip(shapes, ws):
+                    quant.qlinear(xs[k], w, s, qtype, k)
+
+            ms = best_ms(run, args.repeats)
+            nbytes = sum(w.numel() for w, _ in ws)
+            print(f"{m:>5} {name:>6} {ms:8.3f} {nbytes / ms / 1e6:7.1f} {flops / ms / 1e6:8.1f} {fp_ms / ms:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
