@@ -5,19 +5,29 @@ time to first token for a 500-token prompt and then the decode rate of that lone
 request, for our engine and for transformers `generate` (contiguous cache), same model,
 same dtype, same run. Each side is measured `--repeats` times and the median reported.
 `--quantization gguf,int8` adds our engine on quantized weights (engine/models/quantize.py)
-to the same run; `--no-hf` leaves transformers out.
+to the same run; `--no-hf` leaves transformers out; `--peer llama` adds llama.cpp's
+llama-server on the same GGUF file and the same token ids, with every core
+(scripts/peers/setup_llama_server.sh builds it under .peers/).
 
     python scripts/bench_latency.py --dtype float32
-    python scripts/bench_latency.py --prompt-len 256 --quantization gguf,int8
+    python scripts/bench_latency.py --prompt-len 256 --quantization gguf,int8 --no-hf --peer llama
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import random
+import socket
 import statistics
+import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import torch
 
 from engine import LLM, SamplingParams
@@ -52,6 +62,47 @@ def hf(model, prompt: list[int], new: int) -> tuple[float, float]:
     return ttft, (new - 1) / max(whole - ttft, 1e-9)
 
 
+LLAMA_SERVER = Path(__file__).resolve().parent.parent / ".peers" / "llama.cpp" / "build" / "bin" / "llama-server"
+
+
+@contextlib.contextmanager
+def llama_server(gguf: Path) -> Iterator[str]:
+    """llama-server on the GGUF with one slot and every core of this process."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    threads = str(len(os.sched_getaffinity(0)))
+    proc = subprocess.Popen([str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+                             "-t", threads, "-tb", threads, "-c", "2048", "--parallel", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def llama(url: str, prompt: list[int], new: int) -> tuple[float, float]:
+    """(TTFT s, decode tok/s) from llama-server's token stream, the same token ids as ours."""
+    body = {"prompt": prompt, "n_predict": new, "stream": True, "ignore_eos": True, "temperature": 0,
+            "cache_prompt": False}
+    start = time.perf_counter()
+    stamps = []
+    with httpx.stream("POST", f"{url}/completion", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and not json.loads(line[6:]).get("stop"):
+                stamps.append(time.perf_counter())
+    return stamps[0] - start, (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -60,6 +111,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quantization", default="", help="comma list of gguf,int8: also run these")
     ap.add_argument("--no-hf", action="store_true", help="leave transformers out")
+    ap.add_argument("--peer", choices=["llama"], help="also llama-server on the same GGUF")
     args = ap.parse_args()
 
     files = loader.resolve(None)
@@ -75,6 +127,9 @@ def main() -> None:
 
         model = AutoModelForCausalLM.from_pretrained(files.path, dtype=getattr(torch, args.dtype)).eval()
         sides.append(("transformers", hf, model))
+    stack = contextlib.ExitStack()
+    if args.peer == "llama":
+        sides.append(("llama-server", llama, stack.enter_context(llama_server(loader.default_model_path()))))
     for _, fn, target in sides:
         fn(target, prompt[:32], 4)  # warm every side
     results = {}
@@ -85,10 +140,16 @@ def main() -> None:
         spread = (max(r[1] for r in runs) - min(r[1] for r in runs)) / rate
         results[name] = (ttft, rate)
         print(f"{name:13s} TTFT {ttft * 1000:7.1f} ms   decode {rate:6.1f} tok/s   (decode spread {spread:.1%})")
+    stack.close()
     t_ours, r_ours = results["engine"]
     for name, (t, r) in results.items():
         if name != "engine":
             print(f"{name} / engine fp: decode {r / r_ours:.2f}x, TTFT {t_ours / t:.2f}x (higher is better)")
+    if "llama-server" in results:
+        t_peer, r_peer = results["llama-server"]
+        for name, (t, r) in results.items():
+            if name.startswith("engine"):
+                print(f"{name} / llama-server: decode {r / r_peer:.2f}x, TTFT {t_peer / t:.2f}x (higher is better)")
 
 
 if __name__ == "__main__":

@@ -141,3 +141,4 @@ def test_a_block_type_without_a_kernel_is_refused(tmp_path):
     assert err.value.param == "quantization"
     assert LLM(str(path), quantization="int8", **KW).generate(["Hi"], SamplingParams(max_tokens=2),
                                                                use_tqdm=False)[0].outputs[0].token_ids
+

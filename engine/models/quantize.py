@@ -154,7 +154,8 @@ def _reader(source: str) -> Any:
         path = found[0] if len(found) == 1 else path
     if path.suffix != ".gguf" or not path.is_file():
         raise ParamError("quantization", f"quantization 'gguf' computes on a GGUF file's blocks; the model "
-                         f"{source!r} is not a .gguf file (use 'int8' for other checkpoints)")
+                         f"{source!r} is not a .gguf file nor a directory holding one (use 'int8' for other "
+                         "checkpoints; scripts/import_model.py keeps an imported GGUF next to its weights)")
     import gguf
 
     return gguf.GGUFReader(path)
