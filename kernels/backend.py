@@ -100,6 +100,11 @@ class NativeBackend(AttentionBackend):
             raise ParamError("attention_backend", "the native CPU kernel could not be built (see the warning)")
         return TorchBackend()
 
+    def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
+        from kernels import cpu
+
+        cpu.store_kv(key, value, k_cache, v_cache, slot_mapping)
+
     def attention(self, q, k_cache, v_cache, meta, scale: float) -> torch.Tensor:
         from kernels import cpu
 

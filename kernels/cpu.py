@@ -78,6 +78,10 @@ def _register_fakes() -> None:
     def _(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale):
         return torch.empty_like(query)
 
+    @torch.library.register_fake(lib + "store_kv")
+    def _(key, value, k_cache, v_cache, slot_mapping):
+        return None
+
     @torch.library.register_fake(lib + "rope_qk")
     def _(qkv, cos, sin, H, Hkv):
         n, d = qkv.shape[0], cos.shape[1]
@@ -114,6 +118,12 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its cached ones, in one call."""
     return op("paged_attention")(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """The step's key and value rows into their slots (negative slots skipped), in one call."""
+    op("store_kv")(key, value, k_cache, v_cache, slot_mapping)
 
 
 def bind_threads(cores: list[int] | None = None) -> int:

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from kernels import cpu, reference
-from tests.test_kernels import BF16, F16, F32, Paged, check, dense_attention
+from kernels.backend import NativeBackend
+from tests.test_kernels import BF16, F16, F32, Paged, check, check_store_kv, dense_attention
 
 pytestmark = pytest.mark.unit
 
@@ -91,3 +92,16 @@ def test_the_ops_compose_with_torch_compile():
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
     torch.testing.assert_close(res_compiled, res_eager, atol=0, rtol=0)  # the in-place residual update
+
+
+@pytest.mark.parametrize("heads_outer", [False, True], ids=["token-rows", "head-major"])
+@pytest.mark.parametrize("cache_dtype,src_dtype", [(F32, F32), (BF16, BF16), (BF16, F32)])
+def test_store_kv(cache_dtype, src_dtype, heads_outer):
+    check_store_kv(NativeBackend(required=True).load(), cache_dtype, src_dtype, heads_outer)
+
+
+def test_store_kv_refuses_a_slot_outside_the_cache():
+    k_cache, v_cache = torch.zeros(2, 16, 3, 64), torch.zeros(2, 16, 3, 64)
+    key = torch.randn(1, 3, 64)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        cpu.store_kv(key, key, k_cache, v_cache, torch.tensor([32]))

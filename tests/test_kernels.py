@@ -122,6 +122,12 @@ def nan_like(t: torch.Tensor) -> torch.Tensor:
                          [(F32, F32), (BF16, BF16), (F16, F16), (BF16, F32)])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_store_kv(backend: str, cache_dtype: torch.dtype, src_dtype: torch.dtype) -> None:
+    check_store_kv(BACKENDS[backend], cache_dtype, src_dtype)
+
+
+def check_store_kv(backend, cache_dtype: torch.dtype, src_dtype: torch.dtype, heads_outer: bool = False) -> None:
+    """Rows land in their slots, padding slots (-1) write nothing. `heads_outer` lays the
+    source out head-major, so a token's row is not contiguous."""
     gen = torch.Generator().manual_seed(1)
     num_blocks, block_size, num_kv_heads, head_dim, n = 7, 16, 3, 64, 50
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
@@ -130,6 +136,8 @@ def test_store_kv(backend: str, cache_dtype: torch.dtype, src_dtype: torch.dtype
     # key and value as strided views of one fused qkv projection, as a model produces them.
     qkv = torch.randn(n, 3, num_kv_heads, head_dim, generator=gen).to(src_dtype)
     key, value = qkv[:, 1], qkv[:, 2]
+    if heads_outer:
+        key, value = (t.transpose(0, 1).contiguous().transpose(0, 1) for t in (key, value))
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:n]
     slots[torch.randperm(n, generator=gen)[:12]] = -1
     k_exp, v_exp = k_cache.clone(), v_cache.clone()
@@ -138,7 +146,7 @@ def test_store_kv(backend: str, cache_dtype: torch.dtype, src_dtype: torch.dtype
             k_exp[slot // block_size, slot % block_size] = key[t].to(cache_dtype)
             v_exp[slot // block_size, slot % block_size] = value[t].to(cache_dtype)
     k_cache, v_cache = k_cache.to(DEVICE), v_cache.to(DEVICE)
-    BACKENDS[backend].store_kv(key.to(DEVICE), value.to(DEVICE), k_cache, v_cache, slots.to(DEVICE))
+    backend.store_kv(key.to(DEVICE), value.to(DEVICE), k_cache, v_cache, slots.to(DEVICE))
     written = torch.zeros(num_blocks * block_size, dtype=torch.bool)
     written[slots[slots >= 0]] = True
     written = written.view(num_blocks, block_size)

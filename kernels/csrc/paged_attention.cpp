@@ -341,9 +341,9 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
     max_len = std::max(max_len, ls[i]);
   }
   int split_len = std::numeric_limits<int>::max();
-  if (base_items < 4 * threads && max_len > 256) {
+  if (base_items < 4 * threads && max_len > 64) {
     const int64_t want = (4 * threads + base_items - 1) / std::max<int64_t>(base_items, 1);
-    split_len = std::max(128, static_cast<int>((max_len + want - 1) / want));
+    split_len = std::max(64, static_cast<int>((max_len + want - 1) / want));
     split_len = (split_len + BS - 1) / BS * BS;  // whole blocks
   }
   std::vector<Item> items;
@@ -436,13 +436,55 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache, c
   return out;
 }
 
+// Each new token's key and value rows into their cache slots; a negative slot (a
+// padding row) is skipped. One call per layer where the torch path takes about ten ops.
+void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor k_cache, at::Tensor v_cache,
+              const at::Tensor& slot_mapping) {
+  TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes() && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "key/value [T, Hkv, D], caches [blocks, block, Hkv, D]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(key.size(1) == k_cache.size(2) && key.size(2) == k_cache.size(3), "key rows must match the cache's");
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == key.size(0) &&
+                  slot_mapping.scalar_type() == at::kLong, "slot_mapping is int64 [T]");
+  const int64_t n = key.size(0), slots = k_cache.size(0) * k_cache.size(1);
+  const int64_t row = k_cache.size(2) * k_cache.size(3);
+  const at::Tensor k = key.to(k_cache.scalar_type()), v = value.to(v_cache.scalar_type());
+  const at::Tensor sm = slot_mapping.contiguous();
+  const int64_t* sp = sm.data_ptr<int64_t>();
+  for (int64_t t = 0; t < n; ++t) TORCH_CHECK(sp[t] < slots, "slot ", sp[t], " is outside the cache");
+  const int64_t es = k_cache.element_size();
+  auto* kd = static_cast<char*>(k_cache.data_ptr());
+  auto* vd = static_cast<char*>(v_cache.data_ptr());
+  const auto* ks = static_cast<const char*>(k.data_ptr());
+  const auto* vs = static_cast<const char*>(v.data_ptr());
+  // key and value are often strided views of the fused qkv output: rows of [Hkv, D] with
+  // contiguous heads are copied whole, anything else element-wise through torch.
+  const bool rows_dense = k.stride(2) == 1 && k.stride(1) == k.size(2) && v.stride(2) == 1 && v.stride(1) == v.size(2);
+  if (!rows_dense) {
+    for (int64_t t = 0; t < n; ++t)
+      if (sp[t] >= 0) {
+        const int64_t b = sp[t] / k_cache.size(1), o = sp[t] % k_cache.size(1);
+        k_cache[b][o].copy_(k[t]);
+        v_cache[b][o].copy_(v[t]);
+      }
+    return;
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    if (sp[t] < 0) continue;
+    std::memcpy(kd + sp[t] * row * es, ks + t * k.stride(0) * es, row * es);
+    std::memcpy(vd + sp[t] * row * es, vs + t * v.stride(0) * es, row * es);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pagedserve, m) {
   m.def("paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor query_start_loc, Tensor seq_lens, float scale) -> Tensor");
+  m.def("store_kv(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
   m.impl("paged_attention", &paged_attention);
+  m.impl("store_kv", &store_kv);
 }

@@ -25,6 +25,10 @@ namespace {
 constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, INT8_ROWS = 1000;
 constexpr int64_t PANEL = 4;     // output channels dequantized together
 constexpr int64_t ROW_CHUNK = 64;
+// How far ahead of a block its row is fetched: a few KB, i.e. the next panels. Without it,
+// a decode step's four interleaved row streams per thread reached 10 GB/s of the
+// machine's 30 (bench_quant.py, the Q8_0 head).
+constexpr int64_t PREFETCH = 4096;
 
 inline float half_to_float(uint16_t h) {
 #if defined(__F16C__)
@@ -233,59 +237,134 @@ void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int6
 // per row for every output channel. The values are the blocks' exactly; only the order
 // of the fp32 additions differs from the dequantized product.
 #ifdef PAGEDSERVE_AVX2
-// The 32 values of one block's quants as four float vectors.
-inline void block_q(const uint8_t* b, int64_t qtype, __m256* q) {
-  if (qtype == Q8_0) {
-    const int8_t* p = reinterpret_cast<const int8_t*>(b + 2);
-    for (int i = 0; i < 4; ++i)
-      q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * i))));
-    return;
-  }
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (qtype == Q4_1 ? 4 : 2)));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  const __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-  q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-  q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-  q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-  q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+// Vectors of VL floats: 16 with AVX-512 (half the conversions per block), else 8.
+#if defined(__AVX512F__)
+constexpr int VL = 16;
+using vf = __m512;
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vf vset(float v) { return _mm512_set1_ps(v); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+inline vf from_i8(const uint8_t* p) {  // 16 signed bytes
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
+inline vf from_u8(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
+// The 32 values of one block's quants, QT a 32-block type, as 32 / VL vectors.
+template <int64_t QT>
+inline void block_q(const uint8_t* b, vf* q) {
+  if constexpr (QT == Q8_0 || QT == INT8_ROWS) {
+    const uint8_t* p = b + (QT == Q8_0 ? 2 : 0);
+    q[0] = from_i8(p), q[1] = from_i8(p + 16);
+  } else {  // a nibble indexes a table of its value (less 8 for Q4_0): permutes read 4 index bits
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (QT == Q4_1 ? 4 : 2)));
+    const __m512i v = _mm512_cvtepu8_epi32(raw);
+    const vf table = QT == Q4_1 ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                                : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    q[0] = _mm512_permutexvar_ps(v, table), q[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+  }
+}
+constexpr bool Q4_0_CENTRED = true;  // block_q returns Q4_0's quants less 8
+#else
+constexpr int VL = 8;
+using vf = __m256;
+inline vf vzero() { return _mm256_setzero_ps(); }
+inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vf vset(float v) { return _mm256_set1_ps(v); }
+inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline float vsum(vf v) { return hsum(v); }
+inline vf from_i8(const uint8_t* p) {  // 8 signed bytes
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline vf from_u8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+template <int64_t QT>
+inline void block_q(const uint8_t* b, vf* q) {
+  if constexpr (QT == Q8_0 || QT == INT8_ROWS) {
+    const uint8_t* p = b + (QT == Q8_0 ? 2 : 0);
+    for (int i = 0; i < 4; ++i) q[i] = from_i8(p + 8 * i);
+  } else {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (QT == Q4_1 ? 4 : 2)));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+    q[0] = from_u8(lo), q[1] = from_u8(_mm_srli_si128(lo, 8));
+    q[2] = from_u8(hi), q[3] = from_u8(_mm_srli_si128(hi, 8));
+  }
+}
+constexpr bool Q4_0_CENTRED = false;
+#endif
+constexpr int NV = 32 / VL;  // vectors per 32 weights
 
-// R rows (R <= 2) against PANEL output channels of 32-blocks (Q8_0, Q4_0, Q4_1).
-template <int R>
-void few_rows(const float* x, const float* xsum, int64_t K, const uint8_t* w, int64_t rb, int64_t qtype,
+// R rows against PANEL output channels, QT one of Q8_0, Q4_0, Q4_1 or int8 rows (taken
+// 32 weights at a time, its one scale per row applied at the end). The type is a template
+// argument so that each inner loop has no branch and Q8_0 no offset term.
+template <int64_t QT, int R>
+void few_rows(const float* x, const float* xsum, int64_t K, const uint8_t* w, int64_t rb, const float* scales,
               float* y, int64_t ldy, int64_t cols) {
-  const int64_t nb = K / 32, bytes = rb / nb;
-  __m256 acc[R][PANEL];
+  constexpr bool has_m = QT == Q4_1 || (QT == Q4_0 && !Q4_0_CENTRED);
+  constexpr int64_t bytes = QT == Q8_0 ? 34 : QT == Q4_1 ? 20 : QT == Q4_0 ? 18 : 32;
+  const int64_t nb = K / 32;
+  vf acc[R][PANEL];
   float macc[R][PANEL];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < PANEL; ++c) acc[r][c] = _mm256_setzero_ps(), macc[r][c] = 0.f;
+    for (int c = 0; c < PANEL; ++c) acc[r][c] = vzero(), macc[r][c] = 0.f;
   for (int64_t b = 0; b < nb; ++b) {
-    __m256 xv[R][4];
+    vf xv[R][NV];
     for (int r = 0; r < R; ++r)
-      for (int i = 0; i < 4; ++i) xv[r][i] = _mm256_loadu_ps(x + r * K + 32 * b + 8 * i);
-    for (int c = 0; c < cols; ++c) {
+      for (int i = 0; i < NV; ++i) xv[r][i] = vload(x + r * K + 32 * b + VL * i);
+    for (int c = 0; c < PANEL; ++c) {
+      if (c >= cols) break;
       const uint8_t* blk = w + c * rb + b * bytes;
-      __m256 q[4];
-      block_q(blk, qtype, q);
-      const float d = half_to_float(load_u16(blk));
-      const float m = qtype == Q4_1 ? half_to_float(load_u16(blk + 2)) : (qtype == Q4_0 ? -8.f * d : 0.f);
-      const __m256 vd = _mm256_set1_ps(d);
-      for (int r = 0; r < R; ++r) {
-        const __m256 s = _mm256_add_ps(_mm256_fmadd_ps(q[1], xv[r][1], _mm256_mul_ps(q[0], xv[r][0])),
-                                       _mm256_fmadd_ps(q[3], xv[r][3], _mm256_mul_ps(q[2], xv[r][2])));
-        acc[r][c] = _mm256_fmadd_ps(s, vd, acc[r][c]);
-        macc[r][c] += m * xsum[r * nb + b];
+      _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH), _MM_HINT_T0);
+      vf q[NV];
+      block_q<QT>(blk, q);
+      if constexpr (QT == INT8_ROWS) {
+        for (int r = 0; r < R; ++r)
+          for (int i = 0; i < NV; ++i) acc[r][c] = vfma(q[i], xv[r][i], acc[r][c]);
+      } else {
+        const float d = half_to_float(load_u16(blk));
+        const vf vd = vset(d);
+        for (int r = 0; r < R; ++r) {
+          vf s = vmul(q[0], xv[r][0]);
+          for (int i = 1; i < NV; ++i) s = vfma(q[i], xv[r][i], s);
+          acc[r][c] = vfma(s, vd, acc[r][c]);
+        }
+        if constexpr (has_m) {
+          const float m = QT == Q4_1 ? half_to_float(load_u16(blk + 2)) : -8.f * d;
+          for (int r = 0; r < R; ++r) macc[r][c] += m * xsum[r * nb + b];
+        }
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < cols; ++c) y[r * ldy + c] = hsum(acc[r][c]) + macc[r][c];
+    for (int c = 0; c < cols; ++c)
+      y[r * ldy + c] = QT == INT8_ROWS ? vsum(acc[r][c]) * scales[c] : vsum(acc[r][c]) + macc[r][c];
+}
+
+template <int64_t QT>
+void few_rows_all(const float* xp, const float* xsum, int64_t M, int64_t N, int64_t K, const uint8_t* wp,
+                  int64_t rb, const float* sp, float* yp) {
+  const int64_t nb = K / 32, panels = (N + PANEL - 1) / PANEL;
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * PANEL, cols = std::min(PANEL, N - n0);
+      const float* s = sp ? sp + n0 : nullptr;
+      int64_t r = 0;
+      for (; r + 2 <= M; r += 2)
+        few_rows<QT, 2>(xp + r * K, xsum + r * nb, K, wp + n0 * rb, rb, s, yp + r * N + n0, N, cols);
+      for (; r < M; ++r)
+        few_rows<QT, 1>(xp + r * K, xsum + r * nb, K, wp + n0 * rb, rb, s, yp + r * N + n0, N, cols);
+    }
+  });
 }
 #endif
 
-bool few_rows_kernel(int64_t qtype, int64_t M) {
+bool few_rows_kernel(int64_t qtype, int64_t M, int64_t K) {
 #ifdef PAGEDSERVE_AVX2
-  return M <= 4 && (qtype == Q8_0 || qtype == Q4_0 || qtype == Q4_1);
+  return M <= 4 && (qtype == Q8_0 || qtype == Q4_0 || qtype == Q4_1 || (qtype == INT8_ROWS && K % 32 == 0));
 #else
   return false;
 #endif
@@ -317,7 +396,7 @@ at::Tensor qlinear(const at::Tensor& x_in, const at::Tensor& w, const c10::optio
   float* yp = y.data_ptr<float>();
   const int64_t panels = (N + PANEL - 1) / PANEL;
 #ifdef PAGEDSERVE_AVX2
-  if (few_rows_kernel(qtype, M)) {
+  if (few_rows_kernel(qtype, M, K)) {
     const int64_t nb = K / 32;
     std::vector<float> xsum(M * nb);  // each row's sum over each block
     for (int64_t r = 0; r < M; ++r)
@@ -326,16 +405,12 @@ at::Tensor qlinear(const at::Tensor& x_in, const at::Tensor& w, const c10::optio
         for (int i = 0; i < 32; ++i) s += xp[r * K + 32 * b + i];
         xsum[r * nb + b] = s;
       }
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) {
-        const int64_t n0 = p * PANEL, cols = std::min(PANEL, N - n0);
-        int64_t r = 0;
-        for (; r + 2 <= M; r += 2)
-          few_rows<2>(xp + r * K, xsum.data() + r * nb, K, wp + n0 * rb, rb, qtype, yp + r * N + n0, N, cols);
-        for (; r < M; ++r)
-          few_rows<1>(xp + r * K, xsum.data() + r * nb, K, wp + n0 * rb, rb, qtype, yp + r * N + n0, N, cols);
-      }
-    });
+    switch (qtype) {
+      case Q8_0: few_rows_all<Q8_0>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;
+      case Q4_0: few_rows_all<Q4_0>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;
+      case Q4_1: few_rows_all<Q4_1>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;
+      default: few_rows_all<INT8_ROWS>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;
+    }
     return y;
   }
 #endif
