@@ -2,20 +2,31 @@
 engine uses otherwise (oneDNN, prepacked weights), on the embedded model's shapes.
 
 For each row count M it reports milliseconds per pass over all of one layer's GEMMs plus
-the head, the weight bytes read per second, and the ratio to fp32 in the same run.
+the head, the weight bytes read per second, and the ratio to fp32 in the same run; then
+the same pass through the many-rows path (dequantize into a buffer, then oneDNN), whose
+crossover with the kernel sets engine/models/quantize.py's MANY_ROWS.
 
     python scripts/bench_quant.py
     python scripts/bench_quant.py --rows 1,2,4,16,64,256 --types Q4_1,Q8_0,int8
+    python scripts/bench_quant.py --rss
+
+`--rss` instead loads the embedded model with each setting (null, gguf, int8) in a fresh
+process and reports its resident memory after loading, beside the weight bytes the
+engine reports: what a replica costs before any KV cache.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import time
 
 import torch
 
 from engine.models import packed_linear
+from engine.models.quantize import QuantLinear
 from kernels import quant
 
 # (N, K) of SmolLM2-135M's GEMMs: qkv, o, gate_up, down; the head separately.
@@ -47,18 +58,41 @@ def best_ms(fn, repeats: int) -> float:
     return min(times) * 1e3
 
 
+LOAD = """
+import json, sys
+from engine import LLM
+llm = LLM(None, dtype="float32", quantization=sys.argv[1] or None, kv_cache_memory_bytes=16 << 20)
+rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:"))
+print(json.dumps({"rss_mb": rss / 1024, "weight_mb": llm.stats().weight_bytes / 1e6}))
+"""
+
+
+def rss() -> None:
+    """Each setting in its own process: RSS after loading against the weights' own bytes."""
+    print(f"{'setting':>8} {'weights MB':>11} {'RSS MB':>8}")
+    for mode in ("", "gguf", "int8"):
+        out = subprocess.run([sys.executable, "-c", LOAD, mode], capture_output=True, text=True, check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"{mode or 'null':>8} {r['weight_mb']:11.1f} {r['rss_mb']:8.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1,2,4,8,16,64,256")
     ap.add_argument("--types", default="Q4_1,Q8_0,int8")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--rss", action="store_true", help="resident memory after loading, per setting")
     args = ap.parse_args()
+    if args.rss:
+        return rss()
     gen = torch.Generator().manual_seed(0)
     shapes = LAYER + [HEAD]
     dense = [packed_linear.PackedLinear(torch.randn(n, k, generator=gen), None) for n, k in shapes]
     fp32_bytes = sum(n * k * 4 for n, k in shapes)
     quants = {name: [blocks(NAMES[name], n, k, gen) for n, k in shapes] for name in args.types.split(",")}
-    print(f"{'rows':>5} {'format':>6} {'ms':>8} {'GB/s':>7} {'GFLOP/s':>8} {'vs fp32':>8}")
+    mods = {name: [QuantLinear(w, s, NAMES[name], k) for (n, k), (w, s) in zip(shapes, ws)]
+            for name, ws in quants.items()}
+    print(f"{'rows':>5} {'format':>6} {'ms':>8} {'GB/s':>7} {'GFLOP/s':>8} {'vs fp32':>8} {'dequant+oneDNN ms':>18}")
     for m in map(int, args.rows.split(",")):
         xs = {k: torch.randn(m, k, generator=gen) for k in {k for _, k in shapes}}
         flops = sum(2 * m * n * k for n, k in shapes)
@@ -72,8 +106,10 @@ def main() -> None:
                     quant.qlinear(xs[k], w, s, qtype, k)
 
             ms = best_ms(run, args.repeats)
+            many = best_ms(lambda: [mod._many_rows(xs[mod.in_features]) for mod in mods[name]], args.repeats)
             nbytes = sum(w.numel() for w, _ in ws)
-            print(f"{m:>5} {name:>6} {ms:8.3f} {nbytes / ms / 1e6:7.1f} {flops / ms / 1e6:8.1f} {fp_ms / ms:8.2f}")
+            print(f"{m:>5} {name:>6} {ms:8.3f} {nbytes / ms / 1e6:7.1f} {flops / ms / 1e6:8.1f} {fp_ms / ms:8.2f}"
+                  f" {many:18.3f}")
 
 
 if __name__ == "__main__":

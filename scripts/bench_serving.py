@@ -8,15 +8,18 @@ the first (TPOT) and end-to-end latency; per load level the output tok/s and the
 goodput under an SLO. Load is a fixed concurrency (a sweep) or Poisson arrivals.
 
 Servers: `--url` measures one that is already running; otherwise `--servers` starts
-ours (`bentoml serve` on a preset written from the flags) and/or vLLM's CPU server
-(`vllm serve` from .peers/vllm, scripts/setup_vllm_peer.sh) on the same weights, dtype
-and scheduler limits, one at a time on the same cores. `--offline` also runs our engine
+ours (`bentoml serve` on a preset written from the flags, `--quantization` included),
+vLLM's CPU server (`vllm serve` from .peers/vllm, scripts/setup_vllm_peer.sh) on the
+same weights, dtype and scheduler limits, and/or llama.cpp's `llama-server`
+(scripts/peers/setup_llama_server.sh) on the same GGUF file, started afresh for each
+level with `--parallel` equal to its concurrency; one at a time on the same cores. `--offline` also runs our engine
 in-process on the same requests, so the cost of serving shows as a ratio.
 
 Writes JSON and PNG plots (latency against throughput; TTFT and ITL distributions).
 
     python scripts/bench_serving.py --servers ours,vllm --concurrency 1,16,64 --offline
     python scripts/bench_serving.py --url http://localhost:3000 --request-rate 4
+    python scripts/bench_serving.py --servers ours,llama --quantization gguf --concurrency 1,16,64
 """
 
 from __future__ import annotations
@@ -182,7 +185,8 @@ def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float, log: Pat
 def start_ours(args, port: int, log: Path) -> subprocess.Popen:
     preset = Path(tempfile.mkdtemp()) / "bench.yaml"
     preset.write_text(json.dumps({  # JSON is YAML
-        "engine": {"model": args.model, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
+        "engine": {"model": args.model, "dtype": args.dtype, "quantization": args.quantization,
+                   "max_num_seqs": args.max_num_seqs,
                    "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": 1024,
                    "kv_cache_memory_bytes": args.kv_bytes, "enable_prefix_caching": args.prefix_caching},
         "service": {"traffic": {"timeout": 3600, "concurrency": args.max_num_seqs}},
@@ -211,6 +215,20 @@ def start_vllm(args, model_dir: Path, port: int, log: Path) -> subprocess.Popen:
                             preexec_fn=all_cores)
 
 
+LLAMA_SERVER = ROOT / ".peers" / "llama.cpp" / "build" / "bin" / "llama-server"
+
+
+def start_llama(args, gguf: Path, port: int, slots: int, log: Path) -> subprocess.Popen:
+    """llama-server with every core, `slots` parallel sequences of 1024 tokens each."""
+    if not LLAMA_SERVER.is_file():
+        raise SystemExit("llama-server missing: run scripts/peers/setup_llama_server.sh first")
+    threads = str(len(os.sched_getaffinity(0)))
+    cmd = [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", threads,
+           "-tb", threads, "--parallel", str(slots), "-c", str(1024 * slots), "--seed", "0"]
+    cmd.append("--cache-prompt" if args.prefix_caching else "--no-cache-prompt")
+    return subprocess.Popen(cmd, cwd="/tmp", stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=all_cores)
+
+
 def stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -224,7 +242,7 @@ def offline_tok_s(args, reqs) -> float:
     """Our engine in-process on the same requests: what serving is compared with."""
     from engine import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+    llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_bytes=args.kv_bytes,
               enable_prefix_caching=args.prefix_caching, max_model_len=1024)
     llm.generate([reqs[0][0]], [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)], use_tqdm=False)
@@ -297,10 +315,45 @@ def print_table(report: dict) -> None:
             print(f"{lv['label']:>8s}: served/offline {lv['output_tok_s'] / report['offline_tok_s']:.1%}")
 
 
+def measure(args, server: str, files, workloads: dict, levels: list) -> list[dict]:
+    """Start `server` (unless --url), warm it, run each load level in turn, stop it."""
+    log = Path(tempfile.gettempdir()) / f"bench_serving_{server}.log"
+    proc = None
+    url = args.url or f"http://127.0.0.1:{args.port}"
+    t0 = time.perf_counter()
+    if server == "ours":
+        proc = start_ours(args, args.port, log)
+    elif server == "vllm":
+        proc = start_vllm(args, files.path, args.port, log)
+    elif server == "llama":
+        from engine.models import default_model_path
+
+        gguf = Path(args.model) if args.model else default_model_path()
+        proc = start_llama(args, gguf, args.port, levels[0][1] or args.max_num_seqs, log)
+    results = []
+    try:
+        model = wait_ready(url, proc, 900, log)
+        print(f"{server}: ready in {time.perf_counter() - t0:.0f}s, model {model!r}")
+        warm = workloads[levels[0][0]][:2]
+        asyncio.run(run_level(url, model, warm, 2, None, args.seed))
+        for label, c, rate in levels:
+            res, duration = asyncio.run(run_level(url, model, workloads[label], c, rate, args.seed))
+            summary = summarize(res, duration, args.slo_ttft_ms, args.slo_tpot_ms)
+            summary["label"] = label
+            results.append(summary)
+            print(f"{server} {label}: {summary['output_tok_s']:.1f} tok/s, TTFT p99 "
+                  f"{summary['ttft_ms']['p99']:.0f} ms, {summary['failed']} failed", flush=True)
+    finally:
+        if proc is not None:
+            stop(proc)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="measure this running server instead of starting any")
-    ap.add_argument("--servers", default="ours", help="comma list of ours,vllm to start and measure in turn")
+    ap.add_argument("--servers", default="ours", help="comma list of ours,vllm,llama to start and measure in turn")
+    ap.add_argument("--quantization", default=None, choices=["gguf", "int8"], help="our engine's weights")
     ap.add_argument("--model", default=None, help="HF dir or GGUF; default: the embedded SmolLM2-135M")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--workload", default="random", choices=["random", "synthetic", "shared-prefix"])
@@ -343,31 +396,12 @@ def main() -> None:
 
     servers = ["url"] if args.url else args.servers.split(",")
     for server in servers:
-        log = Path(tempfile.gettempdir()) / f"bench_serving_{server}.log"
-        proc = None
-        url = args.url or f"http://127.0.0.1:{args.port}"
-        t0 = time.perf_counter()
-        if server == "ours":
-            proc = start_ours(args, args.port, log)
-        elif server == "vllm":
-            proc = start_vllm(args, files.path, args.port, log)
-        try:
-            model = wait_ready(url, proc, 900, log)
-            print(f"{server}: ready in {time.perf_counter() - t0:.0f}s, model {model!r}")
-            warm = workloads[levels[0][0]][:2]
-            asyncio.run(run_level(url, model, warm, 2, None, args.seed))
-            results = []
-            for label, c, rate in levels:
-                res, duration = asyncio.run(run_level(url, model, workloads[label], c, rate, args.seed))
-                summary = summarize(res, duration, args.slo_ttft_ms, args.slo_tpot_ms)
-                summary["label"] = label
-                results.append(summary)
-                print(f"{server} {label}: {summary['output_tok_s']:.1f} tok/s, TTFT p99 "
-                      f"{summary['ttft_ms']['p99']:.0f} ms, {summary['failed']} failed", flush=True)
-            report["servers"][server] = results
-        finally:
-            if proc is not None:
-                stop(proc)
+        # llama-server fixes its slots at start: one process per level, --parallel = concurrency.
+        groups = [[lv] for lv in levels] if server == "llama" else [levels]
+        results = []
+        for group in groups:
+            results += measure(args, server, files, workloads, group)
+        report["servers"][server] = results
     print_table(report)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

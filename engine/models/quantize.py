@@ -23,12 +23,14 @@ from engine.models import packed_linear
 from kernels import quant
 
 MODES = ("gguf", "int8")
-# Up to 4 rows (decode) the native kernel streams the blocks; from this many on, the
+# For few rows (decode) the native kernel streams the blocks once; from MANY_ROWS on, the
 # weight is dequantized into a reused fp32 buffer and multiplied by oneDNN, which wins
-# there (measured on the model's shapes: 1.08 against 1.56 ms a layer at 16 rows, 9.5
-# against 21.5 ms at 256). The buffer holds 8 MB of one matrix at a time
-# (a layer's projection whole, the head in slices), so no fp32 copy of the model exists.
-MANY_ROWS = 5
+# there. The crossover, from scripts/bench_quant.py on the embedded model's shapes
+# (benchmarks/RESULTS.md): about 24 rows for the 32-blocks, past 32 for int8 rows. The
+# K-quants have no streaming kernel. The buffer holds 8 MB of one matrix at a time (a layer's
+# projection whole, the head in slices), so no fp32 copy of the model exists.
+MANY_ROWS = {quant.Q8_0: 25, quant.Q4_0: 25, quant.Q4_1: 25, quant.INT8_ROWS: 33}
+MANY_ROWS_DEFAULT = 5
 SCRATCH_VALUES = 2 << 20
 _scratch: list[torch.Tensor] = []
 # Our fused projections and the GGUF tensors that fill them, in order.
@@ -43,12 +45,13 @@ class QuantLinear(nn.Module):
                  bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.qtype, self.in_features, self.out_features = qtype, in_features, qweight.shape[0]
+        self.many_rows = MANY_ROWS.get(qtype, MANY_ROWS_DEFAULT)
         self.register_buffer("qweight", qweight.contiguous())
         self.register_buffer("scales", None if scales is None else scales.float().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= MANY_ROWS:
+        if x.shape[0] >= self.many_rows:
             return self._many_rows(x)
         y = quant.qlinear(x, self.qweight, self.scales, self.qtype, self.in_features)
         return y if self.bias is None else y.add_(self.bias)

@@ -25,6 +25,7 @@ namespace {
 constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, INT8_ROWS = 1000;
 constexpr int64_t PANEL = 4;     // output channels dequantized together
 constexpr int64_t ROW_CHUNK = 64;
+constexpr int64_t FEW_ROWS = 32;  // the most rows the block-streaming kernel takes
 // How far ahead of a block its row is fetched: a few KB, i.e. the next panels. Without it,
 // a decode step's four interleaved row streams per thread reached 10 GB/s of the
 // machine's 30 (bench_quant.py, the Q8_0 head).
@@ -353,6 +354,10 @@ void few_rows_all(const float* xp, const float* xsum, int64_t M, int64_t N, int6
       const int64_t n0 = p * PANEL, cols = std::min(PANEL, N - n0);
       const float* s = sp ? sp + n0 : nullptr;
       int64_t r = 0;
+#if defined(__AVX512F__)  // 32 vector registers hold four rows' x and accumulators
+      for (; r + 4 <= M; r += 4)
+        few_rows<QT, 4>(xp + r * K, xsum + r * nb, K, wp + n0 * rb, rb, s, yp + r * N + n0, N, cols);
+#endif
       for (; r + 2 <= M; r += 2)
         few_rows<QT, 2>(xp + r * K, xsum + r * nb, K, wp + n0 * rb, rb, s, yp + r * N + n0, N, cols);
       for (; r < M; ++r)
@@ -364,7 +369,7 @@ void few_rows_all(const float* xp, const float* xsum, int64_t M, int64_t N, int6
 
 bool few_rows_kernel(int64_t qtype, int64_t M, int64_t K) {
 #ifdef PAGEDSERVE_AVX2
-  return M <= 4 && (qtype == Q8_0 || qtype == Q4_0 || qtype == Q4_1 || (qtype == INT8_ROWS && K % 32 == 0));
+  return M <= FEW_ROWS && (qtype == Q8_0 || qtype == Q4_0 || qtype == Q4_1 || (qtype == INT8_ROWS && K % 32 == 0));
 #else
   return false;
 #endif
