@@ -26,10 +26,10 @@ MODES = ("gguf", "int8")
 # For few rows (decode) the native kernel streams the blocks once; from MANY_ROWS on, the
 # weight is dequantized into a reused fp32 buffer and multiplied by oneDNN, which wins
 # there. The crossover, from scripts/bench_quant.py on the embedded model's shapes
-# (benchmarks/RESULTS.md): about 24 rows for the 32-blocks, past 32 for int8 rows. The
+# (benchmarks/RESULTS.md): about 24 rows for Q4_0/Q4_1, past 32 for Q8_0 and int8. The
 # K-quants have no streaming kernel. The buffer holds 8 MB of one matrix at a time (a layer's
 # projection whole, the head in slices), so no fp32 copy of the model exists.
-MANY_ROWS = {quant.Q8_0: 25, quant.Q4_0: 25, quant.Q4_1: 25, quant.INT8_ROWS: 33}
+MANY_ROWS = {quant.Q8_0: 33, quant.Q4_0: 25, quant.Q4_1: 25, quant.INT8_ROWS: 33}
 MANY_ROWS_DEFAULT = 5
 SCRATCH_VALUES = 2 << 20
 _scratch: list[torch.Tensor] = []

@@ -1,13 +1,15 @@
 // GEMMs on quantized weights, for the CPU: y[M, N] = x[M, K] . W[N, K]^T with W kept as
 // GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) or as int8 rows with one fp32 scale each.
-//
-// One kernel for every row count. Output channels go in panels of four; a thread
-// dequantizes its panel's four weight rows once into an L1-sized scratch (fp32), then
-// runs every row of x over it with a 3x4 (or 1x4) register tile of fp32 accumulators.
-// Rows come in chunks of 64, so a chunk of x stays in L2 while every panel streams past
-// it: a decode step (1-16 rows) reads each weight byte once, a prefill chunk
-// dequantizes each panel once per 64 rows, which is small beside 64 rows of FMAs.
 // Activations stay fp32 and so do the sums; the weights' values are exactly the blocks'.
+//
+// - Up to 32 rows (decode) with a 32-block type or int8 rows, AVX2 or AVX-512: the blocks
+//   stream through registers, panel of four output channels by panel, each row's sums
+//   scaled after the block (one row) or the block expanded once for a group of rows;
+//   past one group, Q4 panels keep their expanded weights in L1 for the other rows.
+// - Otherwise (the K-quants, the portable build): each panel is dequantized into an
+//   L1-sized scratch and every row runs over it in a 3x4 register tile.
+// - Past that (prefill), engine/models/quantize.py dequantizes the whole matrix with
+//   dequant_into and hands it to oneDNN, which is faster there.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -244,6 +246,7 @@ constexpr int VL = 16;
 using vf = __m512;
 inline vf vzero() { return _mm512_setzero_ps(); }
 inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
 inline vf vset(float v) { return _mm512_set1_ps(v); }
 inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
@@ -273,6 +276,7 @@ constexpr int VL = 8;
 using vf = __m256;
 inline vf vzero() { return _mm256_setzero_ps(); }
 inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
 inline vf vset(float v) { return _mm256_set1_ps(v); }
 inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
@@ -304,7 +308,7 @@ constexpr int NV = 32 / VL;  // vectors per 32 weights
 // argument so that each inner loop has no branch and Q8_0 no offset term.
 template <int64_t QT, int R>
 void few_rows(const float* x, const float* xsum, int64_t K, const uint8_t* w, int64_t rb, const float* scales,
-              float* y, int64_t ldy, int64_t cols) {
+              float* y, int64_t ldy, int64_t cols, float* keep = nullptr) {
   constexpr bool has_m = QT == Q4_1 || (QT == Q4_0 && !Q4_0_CENTRED);
   constexpr int64_t bytes = QT == Q8_0 ? 34 : QT == Q4_1 ? 20 : QT == Q4_0 ? 18 : 32;
   const int64_t nb = K / 32;
@@ -325,6 +329,22 @@ void few_rows(const float* x, const float* xsum, int64_t K, const uint8_t* w, in
       if constexpr (QT == INT8_ROWS) {
         for (int r = 0; r < R; ++r)
           for (int i = 0; i < NV; ++i) acc[r][c] = vfma(q[i], xv[r][i], acc[r][c]);
+      } else if constexpr (R >= 2) {
+        // Several rows share each block: expand it to its weights once (q * d + m, the
+        // dequantized values) and give every row plain FMAs, no per-row scaling.
+        const float d = half_to_float(load_u16(blk));
+        const vf vd = vset(d);
+        vf wv[NV];
+        if constexpr (has_m) {
+          const vf vm = vset(QT == Q4_1 ? half_to_float(load_u16(blk + 2)) : -8.f * d);
+          for (int i = 0; i < NV; ++i) wv[i] = vadd(vmul(q[i], vd), vm);
+        } else {
+          for (int i = 0; i < NV; ++i) wv[i] = vmul(q[i], vd);
+        }
+        for (int r = 0; r < R; ++r)
+          for (int i = 0; i < NV; ++i) acc[r][c] = vfma(wv[i], xv[r][i], acc[r][c]);
+        if (keep != nullptr)  // the panel's weights for the next rows (from_kept)
+          for (int i = 0; i < NV; ++i) vstore(keep + c * K + 32 * b + VL * i, wv[i]);
       } else {
         const float d = half_to_float(load_u16(blk));
         const vf vd = vset(d);
@@ -333,7 +353,7 @@ void few_rows(const float* x, const float* xsum, int64_t K, const uint8_t* w, in
           for (int i = 1; i < NV; ++i) s = vfma(q[i], xv[r][i], s);
           acc[r][c] = vfma(s, vd, acc[r][c]);
         }
-        if constexpr (has_m) {
+        if constexpr (has_m) {  // one row: scale the block sum, add the offset times the x sum
           const float m = QT == Q4_1 ? half_to_float(load_u16(blk + 2)) : -8.f * d;
           for (int r = 0; r < R; ++r) macc[r][c] += m * xsum[r * nb + b];
         }
@@ -345,23 +365,54 @@ void few_rows(const float* x, const float* xsum, int64_t K, const uint8_t* w, in
       y[r * ldy + c] = QT == INT8_ROWS ? vsum(acc[r][c]) * scales[c] : vsum(acc[r][c]) + macc[r][c];
 }
 
+// R rows against a panel's weights that few_rows kept in fp32 (in L1): the rows after a
+// panel's first group reuse them instead of expanding the blocks again.
+template <int R>
+void from_kept(const float* x, int64_t K, const float* kept, float* y, int64_t ldy, int64_t cols) {
+  vf acc[R][PANEL];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < PANEL; ++c) acc[r][c] = vzero();
+  for (int64_t k = 0; k < K; k += VL) {
+    vf xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = vload(x + r * K + k);
+    for (int c = 0; c < PANEL; ++c) {
+      const vf wv = vload(kept + c * K + k);
+      for (int r = 0; r < R; ++r) acc[r][c] = vfma(wv, xv[r], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) y[r * ldy + c] = vsum(acc[r][c]);
+}
+
 template <int64_t QT>
 void few_rows_all(const float* xp, const float* xsum, int64_t M, int64_t N, int64_t K, const uint8_t* wp,
                   int64_t rb, const float* sp, float* yp) {
   const int64_t nb = K / 32, panels = (N + PANEL - 1) / PANEL;
+  constexpr int G = VL == 16 ? 4 : 2;  // rows in a group: 32 vector registers hold four, 16 two
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    // Past one group of rows, the first group keeps the panel's expanded weights and the
+    // other rows read them back (int8 rows expand in one conversion: they stream again).
+    std::vector<float> kept(M > G && (QT == Q4_0 || QT == Q4_1) ? PANEL * K : 0);
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n0 = p * PANEL, cols = std::min(PANEL, N - n0);
       const float* s = sp ? sp + n0 : nullptr;
+      const uint8_t* wpan = wp + n0 * rb;
+      float* ypan = yp + n0;
       int64_t r = 0;
-#if defined(__AVX512F__)  // 32 vector registers hold four rows' x and accumulators
+      if (!kept.empty()) {
+        few_rows<QT, G>(xp, xsum, K, wpan, rb, s, ypan, N, cols, kept.data());
+        for (r = G; r + G <= M; r += G) from_kept<G>(xp + r * K, K, kept.data(), ypan + r * N, N, cols);
+        for (; r < M; ++r) from_kept<1>(xp + r * K, K, kept.data(), ypan + r * N, N, cols);
+        continue;
+      }
+#if defined(__AVX512F__)
       for (; r + 4 <= M; r += 4)
-        few_rows<QT, 4>(xp + r * K, xsum + r * nb, K, wp + n0 * rb, rb, s, yp + r * N + n0, N, cols);
+        few_rows<QT, 4>(xp + r * K, xsum + r * nb, K, wpan, rb, s, ypan + r * N, N, cols);
 #endif
       for (; r + 2 <= M; r += 2)
-        few_rows<QT, 2>(xp + r * K, xsum + r * nb, K, wp + n0 * rb, rb, s, yp + r * N + n0, N, cols);
+        few_rows<QT, 2>(xp + r * K, xsum + r * nb, K, wpan, rb, s, ypan + r * N, N, cols);
       for (; r < M; ++r)
-        few_rows<QT, 1>(xp + r * K, xsum + r * nb, K, wp + n0 * rb, rb, s, yp + r * N + n0, N, cols);
+        few_rows<QT, 1>(xp + r * K, xsum + r * nb, K, wpan, rb, s, ypan + r * N, N, cols);
     }
   });
 }
