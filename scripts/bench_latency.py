@@ -5,7 +5,8 @@ time to first token for a 500-token prompt and then the decode rate of that lone
 request, for our engine and for transformers `generate` (contiguous cache), same model,
 same dtype, same run. Each side is measured `--repeats` times and the median reported.
 `--quantization gguf,int8` adds our engine on quantized weights (engine/models/quantize.py)
-to the same run; `--no-hf` leaves transformers out; `--peer llama` adds llama.cpp's
+to the same run; `--profile` then decodes once more per engine under StepProfile and
+prints where a batch-1 step's time goes; `--no-hf` leaves transformers out; `--peer llama` adds llama.cpp's
 llama-server on the same GGUF file and the same token ids, with every core
 (scripts/peers/setup_llama_server.sh builds it under .peers/).
 
@@ -46,6 +47,25 @@ def ours(llm: LLM, prompt: list[int], new: int) -> tuple[float, float]:
             first = time.perf_counter()
     end = time.perf_counter()
     return first - start, (new - 1) / (end - first)
+
+
+def profile(llm: LLM, prompt: list[int], new: int) -> str:
+    """Milliseconds per decode step by share (scripts/profile_step.py), prefill left out."""
+    from profile_step import StepProfile  # scripts/ is on sys.path when run as a script
+
+    eng = llm.engine
+    eng.add_request("prof", prompt, SamplingParams(temperature=0, max_tokens=new, ignore_eos=True))
+    eng.step()  # the prefill
+    with StepProfile(llm) as prof:
+        while eng.has_unfinished():
+            eng.step()
+    steps = new - 1
+    s = prof.spent
+    parts = {"GEMMs": s["gemm"], "attention": s["attention"],
+             "other model ops": s["model forward"] - s["gemm"] - s["attention"],
+             "sampler, inputs, Python": s["step"] - s["model forward"]}
+    return f"{s['step'] / steps * 1e3:.2f} ms/step: " + ", ".join(
+        f"{k} {v / steps * 1e3:.2f}" for k, v in parts.items())
 
 
 @torch.inference_mode()
@@ -112,6 +132,7 @@ def main() -> None:
     ap.add_argument("--quantization", default="", help="comma list of gguf,int8: also run these")
     ap.add_argument("--no-hf", action="store_true", help="leave transformers out")
     ap.add_argument("--peer", choices=["llama"], help="also llama-server on the same GGUF")
+    ap.add_argument("--profile", action="store_true", help="per-step breakdown of each engine's decode")
     args = ap.parse_args()
 
     files = loader.resolve(None)
@@ -141,6 +162,10 @@ def main() -> None:
         results[name] = (ttft, rate)
         print(f"{name:13s} TTFT {ttft * 1000:7.1f} ms   decode {rate:6.1f} tok/s   (decode spread {spread:.1%})")
     stack.close()
+    if args.profile:
+        for name, fn, target in sides:
+            if fn is ours:
+                print(f"{name}: {profile(target, prompt, args.new_tokens)}")
     t_ours, r_ours = results["engine"]
     for name, (t, r) in results.items():
         if name != "engine":

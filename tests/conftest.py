@@ -161,8 +161,15 @@ def bento_home(tmp_path_factory) -> Path:
 def serving(bento_home: Path, tmp: Path, preset: str = PRESET):
     """`bentoml serve` with this preset, in its own process group, until the block ends."""
     (tmp / "preset.yaml").write_text(preset)
+    # Each server gets a BentoML home of its own that shares the model store: `bentoml serve`
+    # empties its home's prometheus_multiproc_dir at start, which blanked the counters of a
+    # server already running on that home (the session server's /metrics froze).
+    home = tmp / "bentoml_home"
+    home.mkdir(exist_ok=True)
+    if not (home / "models").exists():
+        (home / "models").symlink_to(bento_home / "models", target_is_directory=True)
     port = free_port()
-    env = {**offline_env(bento_home), "PAGEDSERVE_CONFIG": str(tmp / "preset.yaml"), "LLM_API_KEY": KEY}
+    env = {**offline_env(home), "PAGEDSERVE_CONFIG": str(tmp / "preset.yaml"), "LLM_API_KEY": KEY}
     log = open(tmp / "server.log", "w")
     proc = subprocess.Popen([str(BIN / "bentoml"), "serve", "service:LLMService", "--host", "127.0.0.1",
                              "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
