@@ -3,10 +3,11 @@
 Paged attention pays for its indirection when only one sequence runs. This measures
 time to first token for a 500-token prompt and then the decode rate of that lone
 request, for our engine and for transformers `generate` (contiguous cache), same model,
-same dtype, same run. Each side is measured `--repeats` times and the median reported.
-`--quantization gguf,int8` adds our engine on quantized weights (engine/models/quantize.py)
-to the same run; `--profile` then decodes once more per engine under StepProfile and
-prints where a batch-1 step's time goes; `--no-hf` leaves transformers out; `--peer llama` adds llama.cpp's
+same dtype, same run. Each side is measured `--repeats` times and the median reported;
+each of our engines runs in a process of its own. `--quantization gguf,int8` adds our
+engine on quantized weights (engine/models/quantize.py) to the same run; `--profile`
+then decodes once more per engine under StepProfile and prints where a batch-1 step's
+time goes; `--no-hf` leaves transformers out; `--peer llama` adds llama.cpp's
 llama-server on the same GGUF file and the same token ids, with every core
 (scripts/peers/setup_llama_server.sh builds it under .peers/).
 
@@ -24,6 +25,7 @@ import random
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,6 +125,16 @@ def llama(url: str, prompt: list[int], new: int) -> tuple[float, float]:
     return stamps[0] - start, (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
+def one_side(args, prompt: list[int]) -> None:
+    """One engine (fp, or `--one gguf|int8`) in this process: warm, measure, print JSON."""
+    llm = LLM(None, dtype=args.dtype, quantization=args.one or None, enable_prefix_caching=False,
+              max_model_len=2048)
+    ours(llm, prompt[:32], 4)
+    runs = [ours(llm, prompt, args.new_tokens) for _ in range(args.repeats)]
+    text = profile(llm, prompt, args.new_tokens) if args.profile else ""
+    print(json.dumps({"runs": runs, "profile": text}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -133,16 +145,19 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true", help="leave transformers out")
     ap.add_argument("--peer", choices=["llama"], help="also llama-server on the same GGUF")
     ap.add_argument("--profile", action="store_true", help="per-step breakdown of each engine's decode")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one engine side, print JSON
     args = ap.parse_args()
 
     files = loader.resolve(None)
     vocab = loader.load_config(files).vocab_size
     rng = random.Random(0)
     prompt = [rng.randrange(100, vocab) for _ in range(args.prompt_len)]
-    kw = dict(enable_prefix_caching=False, max_model_len=2048)
-    sides = [("engine", ours, LLM(None, dtype=args.dtype, **kw))]
-    for mode in filter(None, args.quantization.split(",")):
-        sides.append((f"engine {mode}", ours, LLM(None, quantization=mode, **kw)))
+    if args.one is not None:
+        return one_side(args, prompt)
+    # Each engine runs in a process of its own: engines sharing one process slowed the
+    # second one's prefill by about 20% (its dequantized GEMMs), which no user sees.
+    sides: list[tuple[str, object, object]] = [("engine", None, "")]
+    sides += [(f"engine {mode}", None, mode) for mode in filter(None, args.quantization.split(","))]
     if not args.no_hf:
         from transformers import AutoModelForCausalLM
 
@@ -151,21 +166,27 @@ def main() -> None:
     stack = contextlib.ExitStack()
     if args.peer == "llama":
         sides.append(("llama-server", llama, stack.enter_context(llama_server(loader.default_model_path()))))
-    for _, fn, target in sides:
-        fn(target, prompt[:32], 4)  # warm every side
-    results = {}
+    results, profiles = {}, {}
     for name, fn, target in sides:
-        runs = [fn(target, prompt, args.new_tokens) for _ in range(args.repeats)]
+        if fn is None:
+            out = json.loads(subprocess.run(
+                [sys.executable, __file__, "--one", target, "--dtype", args.dtype, "--prompt-len",
+                 str(args.prompt_len), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
+                + (["--profile"] if args.profile else []),
+                capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+            runs, profiles[name] = out["runs"], out["profile"]
+        else:
+            fn(target, prompt[:32], 4)  # warm
+            runs = [fn(target, prompt, args.new_tokens) for _ in range(args.repeats)]
         ttft = statistics.median(r[0] for r in runs)
         rate = statistics.median(r[1] for r in runs)
         spread = (max(r[1] for r in runs) - min(r[1] for r in runs)) / rate
         results[name] = (ttft, rate)
         print(f"{name:13s} TTFT {ttft * 1000:7.1f} ms   decode {rate:6.1f} tok/s   (decode spread {spread:.1%})")
     stack.close()
-    if args.profile:
-        for name, fn, target in sides:
-            if fn is ours:
-                print(f"{name}: {profile(target, prompt, args.new_tokens)}")
+    for name, text in profiles.items():
+        if text:
+            print(f"{name}: {text}")
     t_ours, r_ours = results["engine"]
     for name, (t, r) in results.items():
         if name != "engine":
