@@ -12,8 +12,9 @@ ours (`bentoml serve` on a preset written from the flags, `--quantization` inclu
 vLLM's CPU server (`vllm serve` from .peers/vllm, scripts/setup_vllm_peer.sh) on the
 same weights, dtype and scheduler limits, and/or llama.cpp's `llama-server`
 (scripts/peers/setup_llama_server.sh) on the same GGUF file, started afresh for each
-level with `--parallel` equal to its concurrency; one at a time on the same cores. `--offline` also runs our engine
-in-process on the same requests, so the cost of serving shows as a ratio.
+level with `--parallel` equal to its concurrency; one at a time on the same cores.
+`--offline` also runs our engine in-process on the same requests, so the cost of
+serving shows as a ratio.
 
 Writes JSON and PNG plots (latency against throughput; TTFT and ITL distributions).
 

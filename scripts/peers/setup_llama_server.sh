@@ -12,8 +12,10 @@ if [ ! -x "$BIN" ]; then
   tar -xzf "$DIR"/llama_cpp_python-0.3.36.tar.gz -C "$DIR"
   SRC="$DIR/llama_cpp_python-0.3.36/vendor/llama.cpp"
   # Native CPU build (the same -march=native our kernels get), no network client.
-  cmake -S "$SRC" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
-  cmake --build "$DIR/build" --target llama-server -j "$(nproc)" >/dev/null
+  # Compiler warnings go to a log; its tail is shown if the build fails.
+  { cmake -S "$SRC" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+          -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON &&
+    cmake --build "$DIR/build" --target llama-server -j "$(nproc)"; } >"$DIR/build.log" 2>&1 ||
+    { tail -40 "$DIR/build.log"; exit 1; }
 fi
 "$BIN" --version 2>&1 | head -2
