@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import random
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,32 +84,22 @@ def hf(model, prompt: list[int], new: int) -> tuple[float, float]:
     return ttft, (new - 1) / max(whole - ttft, 1e-9)
 
 
-LLAMA_SERVER = Path(__file__).resolve().parent.parent / ".peers" / "llama.cpp" / "build" / "bin" / "llama-server"
-
-
 @contextlib.contextmanager
-def llama_server(gguf: Path) -> Iterator[str]:
-    """llama-server on the GGUF with one slot and every core of this process."""
+def llama_server(gguf: Path, ctx: int) -> Iterator[str]:
+    """llama-server on the GGUF with one slot of `ctx` tokens and every core."""
+    from bench_serving import start_llama, stop, wait_ready  # scripts/ is on sys.path
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    threads = str(len(os.sched_getaffinity(0)))
-    proc = subprocess.Popen([str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-                             "-t", threads, "-tb", threads, "-c", "2048", "--parallel", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = Path(tempfile.gettempdir()) / "bench_latency_llama.log"
+    proc = start_llama(gguf, port, 1, ctx, False, log)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_ready(url, proc, 300, log)
         yield url
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
 
 
 def llama(url: str, prompt: list[int], new: int) -> tuple[float, float]:
@@ -165,7 +155,8 @@ def main() -> None:
         sides.append(("transformers", hf, model))
     stack = contextlib.ExitStack()
     if args.peer == "llama":
-        sides.append(("llama-server", llama, stack.enter_context(llama_server(loader.default_model_path()))))
+        sides.append(("llama-server", llama, stack.enter_context(
+            llama_server(loader.default_model_path(), max(2048, args.prompt_len + args.new_tokens)))))
     results, profiles = {}, {}
     for name, fn, target in sides:
         if fn is None:

@@ -21,10 +21,10 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 
 import torch
 
+from bench_cpu_attention import best  # scripts/ is on sys.path when run as a script
 from engine.models import packed_linear
 from engine.models.quantize import QuantLinear
 from kernels import quant
@@ -49,13 +49,7 @@ def blocks(qtype: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tens
 
 
 def best_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times) * 1e3
+    return best(fn, repeats) * 1e3
 
 
 LOAD = """

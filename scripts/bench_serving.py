@@ -219,14 +219,15 @@ def start_vllm(args, model_dir: Path, port: int, log: Path) -> subprocess.Popen:
 LLAMA_SERVER = ROOT / ".peers" / "llama.cpp" / "build" / "bin" / "llama-server"
 
 
-def start_llama(args, gguf: Path, port: int, slots: int, log: Path) -> subprocess.Popen:
-    """llama-server with every core, `slots` parallel sequences of 1024 tokens each."""
+def start_llama(gguf: Path, port: int, slots: int, ctx: int, prefix_caching: bool, log: Path) -> subprocess.Popen:
+    """llama-server with every core (threads and affinity), `slots` parallel sequences of
+    `ctx` tokens each; scripts/bench_latency.py starts it here too."""
     if not LLAMA_SERVER.is_file():
         raise SystemExit("llama-server missing: run scripts/peers/setup_llama_server.sh first")
-    threads = str(len(os.sched_getaffinity(0)))
+    threads = str(os.cpu_count() or 1)
     cmd = [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", threads,
-           "-tb", threads, "--parallel", str(slots), "-c", str(1024 * slots), "--seed", "0"]
-    cmd.append("--cache-prompt" if args.prefix_caching else "--no-cache-prompt")
+           "-tb", threads, "--parallel", str(slots), "-c", str(ctx * slots), "--seed", "0"]
+    cmd.append("--cache-prompt" if prefix_caching else "--no-cache-prompt")
     return subprocess.Popen(cmd, cwd="/tmp", stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=all_cores)
 
 
@@ -330,7 +331,7 @@ def measure(args, server: str, files, workloads: dict, levels: list) -> list[dic
         from engine.models import default_model_path
 
         gguf = Path(args.model) if args.model else default_model_path()
-        proc = start_llama(args, gguf, args.port, levels[0][1] or args.max_num_seqs, log)
+        proc = start_llama(gguf, args.port, levels[0][1] or args.max_num_seqs, 1024, args.prefix_caching, log)
     results = []
     try:
         model = wait_ready(url, proc, 900, log)

@@ -23,6 +23,7 @@ import multiprocessing.util
 import queue
 import signal
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -51,9 +52,10 @@ class DrainingError(RuntimeError):
     """The server is shutting down: it finishes what it has and takes nothing new."""
 
 
-class EngineCoreClient:
+class EngineCoreClient(ABC):
     """What both clients share: sending commands in order, and turning events into the
-    callbacks. Subclasses say how a command travels (`_put`) and how the core runs."""
+    callbacks. Subclasses say how a command travels (`_put`) and how the core runs
+    (`is_alive`, `shutdown`)."""
 
     info: ModelInfo
     tokenizer: Any
@@ -67,8 +69,14 @@ class EngineCoreClient:
     def last_stats(self) -> EngineStats:
         return self.info.stats
 
-    def _put(self, cmd: Command) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _put(self, cmd: Command) -> None: ...
+
+    @abstractmethod
+    def is_alive(self) -> bool: ...
+
+    @abstractmethod
+    def shutdown(self, timeout: float) -> None: ...
 
     def add(self, request: AddRequest) -> None:
         with self._send_lock:
