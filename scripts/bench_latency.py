@@ -87,7 +87,7 @@ def hf(model, prompt: list[int], new: int) -> tuple[float, float]:
 @contextlib.contextmanager
 def llama_server(gguf: Path, ctx: int) -> Iterator[str]:
     """llama-server on the GGUF with one slot of `ctx` tokens and every core."""
-    from bench_serving import start_llama, stop, wait_ready  # scripts/ is on sys.path
+    from servers import start_llama, stop, wait_ready  # scripts/ is on sys.path
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -43,8 +43,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench_throughput import VLLM_PYTHON, all_cores  # noqa: E402  (scripts/ is on sys.path)
-from bench_throughput import workload as synthetic_workload  # noqa: E402
+from bench_throughput import workload as synthetic_workload  # noqa: E402  (scripts/ is on sys.path)
+from servers import VLLM_PYTHON, all_cores, start_llama, start_ours, start_vllm, stop, wait_ready  # noqa: E402
 
 PERCENTILES = (50, 90, 99)
 
@@ -166,78 +166,32 @@ def summarize(results: list[Result], duration: float, slo_ttft: float, slo_tpot:
     }
 
 
-# -- servers --------------------------------------------------------------------------
-def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float, log: Path) -> str:
-    """Poll /v1/models until it answers; returns the served model id."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}; log tail:\n{log.read_text()[-3000:]}")
-        try:
-            r = httpx.get(url + "/v1/models", timeout=5)
-            if r.status_code == 200:
-                return r.json()["data"][0]["id"]
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    raise SystemExit(f"server at {url} not ready after {timeout:.0f}s; log tail:\n{log.read_text()[-3000:]}")
-
-
-def start_ours(args, port: int, log: Path) -> subprocess.Popen:
-    preset = Path(tempfile.mkdtemp()) / "bench.yaml"
-    preset.write_text(json.dumps({  # JSON is YAML
-        "engine": {"model": args.model, "dtype": args.dtype, "quantization": args.quantization,
-                   "max_num_seqs": args.max_num_seqs,
-                   "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": 1024,
-                   "kv_cache_memory_bytes": args.kv_bytes, "enable_prefix_caching": args.prefix_caching},
-        "service": {"traffic": {"timeout": 3600, "concurrency": args.max_num_seqs}},
-    }))
-    env = {**os.environ, "PAGEDSERVE_CONFIG": str(preset)}
-    bentoml = Path(sys.executable).parent / "bentoml"
-    cmd = [str(bentoml), "serve", "service:LLMService", "--port", str(port)]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            preexec_fn=all_cores)
-
-
-def start_vllm(args, model_dir: Path, port: int, log: Path) -> subprocess.Popen:
+# -- the other client: vLLM's own load generator ----------------------------------------
+def vllm_bench(url: str, model: str, tokenizer: Path, c: int | None, rate: float | None, n: int, args
+               ) -> tuple[list[Result], float]:
+    """One level driven by `vllm bench serve`, as a vLLM user measures a server: text
+    prompts from its random dataset (the same for every server), sampling left to the
+    server's defaults (it sends no temperature), streaming /v1/completions with usage.
+    Its per-request record goes through the same summary as our client's."""
     if not VLLM_PYTHON.is_file():
         raise SystemExit("vLLM peer missing: run scripts/setup_vllm_peer.sh first")
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(max(1, args.kv_bytes >> 30))}
-    if args.vllm_reserved_cpus is not None:
-        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(args.vllm_reserved_cpus)
-    # `vllm serve` looks up the version of a distribution named "vllm", which vllm-cpu is not.
-    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--port", str(port),
-           "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
-           "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--max-model-len", "1024",
-           "--seed", "0"]
-    cmd.append("--enable-prefix-caching" if args.prefix_caching else "--no-enable-prefix-caching")
-    return subprocess.Popen(cmd, cwd="/tmp", env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            preexec_fn=all_cores)
-
-
-LLAMA_SERVER = ROOT / ".peers" / "llama.cpp" / "build" / "bin" / "llama-server"
-
-
-def start_llama(gguf: Path, port: int, slots: int, ctx: int, prefix_caching: bool, log: Path) -> subprocess.Popen:
-    """llama-server with every core (threads and affinity), `slots` parallel sequences of
-    `ctx` tokens each; scripts/bench_latency.py starts it here too."""
-    if not LLAMA_SERVER.is_file():
-        raise SystemExit("llama-server missing: run scripts/peers/setup_llama_server.sh first")
-    threads = str(os.cpu_count() or 1)
-    cmd = [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", threads,
-           "-tb", threads, "--parallel", str(slots), "-c", str(ctx * slots), "--seed", "0"]
-    cmd.append("--cache-prompt" if prefix_caching else "--no-cache-prompt")
-    return subprocess.Popen(cmd, cwd="/tmp", stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=all_cores)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    out = Path(tempfile.mkdtemp())
+    cmd = [str(VLLM_PYTHON), str(ROOT / "scripts" / "peers" / "vllm_cli.py"), "bench", "serve",
+           "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
+           "--tokenizer", str(tokenizer), "--dataset-name", "random", "--random-input-len", str(args.input_len),
+           "--random-output-len", str(args.output_len), "--ignore-eos", "--num-prompts", str(n),
+           "--seed", str(args.seed), "--save-result", "--save-detailed", "--result-dir", str(out),
+           "--result-filename", "result.json", "--disable-tqdm"]
+    cmd += ["--max-concurrency", str(c)] if c else ["--request-rate", str(rate)]
+    done = subprocess.run(cmd, cwd="/tmp", capture_output=True, text=True, preexec_fn=all_cores)
+    if done.returncode != 0 or not (out / "result.json").is_file():
+        raise SystemExit(f"vllm bench serve failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    data = json.loads((out / "result.json").read_text())
+    results = [Result(ok=not err and n_out == args.output_len, ttft=ttft, e2e=e2e, output_tokens=n_out or 0,
+                      itls=list(itl), error=(err or ("" if n_out == args.output_len else f"got {n_out} tokens"))[:200])
+               for ttft, e2e, n_out, itl, err in zip(data["ttfts"], data["latencies"], data["output_lens"],
+                                                     data["itls"], data["errors"])]
+    return results, data["duration"]
 
 
 def offline_tok_s(args, reqs) -> float:
@@ -296,29 +250,35 @@ def plot(report: dict, out: Path) -> list[Path]:
 
 
 def print_table(report: dict) -> None:
-    print(f"{'server':8s} {'load':>8s} {'tok/s':>8s} {'TTFT p50':>9s} {'p99':>8s} {'ITL p50':>8s} {'p99':>8s} "
-          f"{'TPOT p50':>9s} {'E2E p99':>9s} {'good/s':>7s} {'fail':>5s}")
+    print(f"{'server':18s} {'load':>8s} {'tok/s':>8s} {'TTFT p50':>9s} {'p99':>8s} {'ITL mean':>9s} {'p50':>7s} "
+          f"{'p99':>8s} {'TPOT p50':>9s} {'E2E p99':>9s} {'good/s':>7s} {'fail':>5s}")
     for server, levels in report["servers"].items():
         for lv in levels:
-            print(f"{server:8s} {lv['label']:>8s} {lv['output_tok_s']:8.1f} {lv['ttft_ms']['p50']:9.0f} "
-                  f"{lv['ttft_ms']['p99']:8.0f} {lv['itl_ms']['p50']:8.1f} {lv['itl_ms']['p99']:8.1f} "
-                  f"{lv['tpot_ms']['p50']:9.1f} {lv['e2e_ms']['p99']:9.0f} {lv['goodput_req_s']:7.2f} "
-                  f"{lv['failed']:5d}")
+            print(f"{server:18s} {lv['label']:>8s} {lv['output_tok_s']:8.1f} {lv['ttft_ms']['p50']:9.0f} "
+                  f"{lv['ttft_ms']['p99']:8.0f} {lv['itl_ms']['mean']:9.1f} {lv['itl_ms']['p50']:7.1f} "
+                  f"{lv['itl_ms']['p99']:8.1f} {lv['tpot_ms']['p50']:9.1f} {lv['e2e_ms']['p99']:9.0f} "
+                  f"{lv['goodput_req_s']:7.2f} {lv['failed']:5d}")
             for err in lv["errors"]:
                 print(f"    error: {err}")
-    names = list(report["servers"])
-    if len(names) == 2:
-        a, b = names
-        for la, lb in zip(report["servers"][a], report["servers"][b]):
-            print(f"{la['label']:>8s}: {a}/{b} tok/s {la['output_tok_s'] / lb['output_tok_s']:.2f}x, "
-                  f"TTFT p99 {la['ttft_ms']['p99']:.0f} vs {lb['ttft_ms']['p99']:.0f} ms")
+    for name, levels in report["servers"].items():  # ours against each peer, under the same client
+        server, _, client = name.partition(" / ")
+        if server == "ours":
+            continue
+        for la, lb in zip(report["servers"].get(f"ours / {client}", []), levels):
+            print(f"{client:>10s} {la['label']:>6s}: ours/{server} tok/s {la['output_tok_s'] / lb['output_tok_s']:.2f}x, "
+                  f"TTFT p99 {la['ttft_ms']['p99']:.0f} vs {lb['ttft_ms']['p99']:.0f} ms, "
+                  f"ITL mean {la['itl_ms']['mean']:.1f} vs {lb['itl_ms']['mean']:.1f} ms")
     if "offline_tok_s" in report:
-        for lv in report["servers"].get("ours", []):
-            print(f"{lv['label']:>8s}: served/offline {lv['output_tok_s'] / report['offline_tok_s']:.1%}")
+        for name, levels in report["servers"].items():
+            if name.startswith("ours"):
+                for lv in levels:
+                    print(f"{name:>18s} {lv['label']:>6s}: served/offline "
+                          f"{lv['output_tok_s'] / report['offline_tok_s']:.1%}")
 
 
-def measure(args, server: str, files, workloads: dict, levels: list) -> list[dict]:
-    """Start `server` (unless --url), warm it, run each load level in turn, stop it."""
+def measure(args, server: str, files, workloads: dict, levels: list, clients: list[str]) -> dict[str, list[dict]]:
+    """Start `server` (unless --url), warm it, run each load level under each client in
+    turn, stop it. Returns the levels' summaries by "server / client"."""
     log = Path(tempfile.gettempdir()) / f"bench_serving_{server}.log"
     proc = None
     url = args.url or f"http://127.0.0.1:{args.port}"
@@ -332,19 +292,24 @@ def measure(args, server: str, files, workloads: dict, levels: list) -> list[dic
 
         gguf = Path(args.model) if args.model else default_model_path()
         proc = start_llama(gguf, args.port, levels[0][1] or args.max_num_seqs, 1024, args.prefix_caching, log)
-    results = []
+    results: dict[str, list[dict]] = {}
     try:
         model = wait_ready(url, proc, 900, log)
         print(f"{server}: ready in {time.perf_counter() - t0:.0f}s, model {model!r}")
         warm = workloads[levels[0][0]][:2]
         asyncio.run(run_level(url, model, warm, 2, None, args.seed))
-        for label, c, rate in levels:
-            res, duration = asyncio.run(run_level(url, model, workloads[label], c, rate, args.seed))
-            summary = summarize(res, duration, args.slo_ttft_ms, args.slo_tpot_ms)
-            summary["label"] = label
-            results.append(summary)
-            print(f"{server} {label}: {summary['output_tok_s']:.1f} tok/s, TTFT p99 "
-                  f"{summary['ttft_ms']['p99']:.0f} ms, {summary['failed']} failed", flush=True)
+        for client in clients:
+            for label, c, rate in levels:
+                if client == "ours":
+                    res, duration = asyncio.run(run_level(url, model, workloads[label], c, rate, args.seed))
+                else:
+                    res, duration = vllm_bench(url, model, files.path, c, rate, len(workloads[label]), args)
+                summary = summarize(res, duration, args.slo_ttft_ms, args.slo_tpot_ms)
+                summary["label"] = label
+                results.setdefault(f"{server} / {client}", []).append(summary)
+                print(f"{server} / {client} {label}: {summary['output_tok_s']:.1f} tok/s, TTFT p99 "
+                      f"{summary['ttft_ms']['p99']:.0f} ms, ITL mean {summary['itl_ms']['mean']:.1f} ms, "
+                      f"{summary['failed']} failed", flush=True)
     finally:
         if proc is not None:
             stop(proc)
@@ -372,7 +337,11 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--kv-bytes", type=int, default=2 << 30)
-    ap.add_argument("--vllm-reserved-cpus", type=int, default=None, help="unset: vLLM's default")
+    ap.add_argument("--peer-defaults", action="store_true",
+                    help="vLLM as it comes (one core kept for its API process); default: every core, as ours")
+    ap.add_argument("--clients", default="ours",
+                    help="comma list of load generators: ours (token-id prompts, greedy) and/or vllm "
+                         "(`vllm bench serve`: text prompts, the server's default sampling)")
     ap.add_argument("--port", type=int, default=3123)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "serving.json"))
@@ -382,8 +351,9 @@ def main() -> None:
 
     files = loader.resolve(args.model)
     vocab = loader.load_config(files).vocab_size
+    sweep = sorted({1, *(int(x) for x in args.concurrency.split(","))})  # c=1: the batch-1 latency, always
     levels = [(f"rate {args.request_rate:g}", None, args.request_rate)] if args.request_rate else [
-        (f"c={c}", c, None) for c in (int(x) for x in args.concurrency.split(","))]
+        (f"c={c}", c, None) for c in sweep]
     workloads = {}
     for label, c, _ in levels:
         n = args.num_prompts or max(8, 2 * (c or 32))
@@ -397,13 +367,15 @@ def main() -> None:
         print(f"offline engine on the {levels[-1][0]} requests: {report['offline_tok_s']:.1f} tok/s")
 
     servers = ["url"] if args.url else args.servers.split(",")
+    clients = args.clients.split(",")
+    if "vllm" in clients and args.workload != "random":
+        raise SystemExit("--clients vllm runs vLLM's random dataset: use --workload random")
     for server in servers:
         # llama-server fixes its slots at start: one process per level, --parallel = concurrency.
         groups = [[lv] for lv in levels] if server == "llama" else [levels]
-        results = []
         for group in groups:
-            results += measure(args, server, files, workloads, group)
-        report["servers"][server] = results
+            for name, results in measure(args, server, files, workloads, group, clients).items():
+                report["servers"].setdefault(name, []).extend(results)
     print_table(report)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

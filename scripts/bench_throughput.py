@@ -35,9 +35,9 @@ import torch
 from engine import LLM, SamplingParams
 from engine.models import loader
 from profile_step import StepProfile  # scripts/ is on sys.path when run as a script
+from servers import VLLM_PYTHON, all_cores, vllm_env
 
 ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = ROOT / ".peers" / "vllm" / "bin" / "python"
 
 
 def workload(n: int, seed: int, vocab: int) -> list[tuple[list[int], int]]:
@@ -89,20 +89,12 @@ def run_engine_structured(llm: LLM, reqs) -> tuple[float, int]:
     return time.perf_counter() - start, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
-def all_cores() -> None:
-    """For a peer's process: our engine pinned the thread that stepped it (thread 0 of its
-    OpenMP team) to one core, and a child inherits that; give the peer every core back."""
-    os.sched_setaffinity(0, range(os.cpu_count() or 1))
-
-
 def run_vllm(model_dir: Path, dtype: str, reqs, args) -> dict:
     if not VLLM_PYTHON.is_file():
         raise SystemExit("vLLM peer missing: run scripts/setup_vllm_peer.sh first")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(reqs, f)
-    # Both cores for its engine, as ours gets (by default vLLM keeps one for its front end).
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(max(1, args.kv_bytes >> 30)),
-           "VLLM_CPU_NUM_OF_RESERVED_CPU": str(args.vllm_reserved_cpus)}
+    env = vllm_env(args.kv_bytes, args.peer_defaults)  # every core for its engine, as ours gets
     cmd = [str(VLLM_PYTHON), str(ROOT / "scripts" / "peers" / "vllm_offline.py"), "--model", str(model_dir),
            "--workload", f.name, "--dtype", dtype, "--max-num-seqs", str(args.max_num_seqs),
            "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
@@ -169,7 +161,8 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--kv-bytes", type=int, default=2 << 30)
     ap.add_argument("--static-batch", type=int, default=16)
-    ap.add_argument("--vllm-reserved-cpus", type=int, default=0, help="cores vLLM keeps off its engine")
+    ap.add_argument("--peer-defaults", action="store_true",
+                    help="vLLM as it comes (one core kept for its API process); default: every core, as ours")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if args.peer is None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from engine.sampler import Sampler, SamplingRow, apply_penalties, make_generator
+from engine.sampler import Sampler, SamplingRow, apply_penalties, inverse_cdf, make_generator, top_k_top_p
 from engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.unit
@@ -234,3 +234,61 @@ def test_logprobs_are_raw_log_softmax() -> None:
 def test_rejects_mismatched_logits() -> None:
     with pytest.raises(ValueError):
         Sampler([EOS])(torch.zeros(2, VOCAB), [row()])
+
+
+def sorted_top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The reference: sort the whole vocabulary once (stable, so ties keep the lower id),
+    keep the top_k, then the smallest most-likely set whose renormalised mass reaches top_p."""
+    vocab = x.shape[1]
+    vals, order = x.sort(dim=-1, descending=True, stable=True)
+    pos = torch.arange(vocab)
+    k = torch.where(top_k > 0, top_k, vocab)
+    drop = pos[None, :] >= k[:, None]
+    probs = torch.softmax(vals.masked_fill(drop, -torch.inf), dim=-1)
+    before = probs.cumsum(dim=-1) - probs
+    drop |= (before >= top_p[:, None]) & (top_p < 1)[:, None]
+    drop = drop.scatter(1, order, drop)
+    return x.masked_fill(drop, -torch.inf)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_top_k_top_p_keeps_the_sorted_reference_set(seed: int) -> None:
+    """Without sorting the vocabulary, the same tokens stay: peaked and flat rows (whose
+    top_p set is not closed within the first candidates), repeated logits (ties at the
+    cut) and every mix of top_k and top_p."""
+    g = make_generator(seed)
+    vocab = 5000
+    x = torch.randn(12, vocab, generator=g) * torch.tensor([8.0, 3.0, 1.0, 0.05] * 3)[:, None]
+    x[4:8] = torch.round(x[4:8] * 2) / 2  # many exactly equal logits
+    top_k = torch.tensor([0, 0, 0, 0, 0, 5, 100, 0, 2000, 40, 0, 1])
+    top_p = torch.tensor([0.9, 0.5, 0.95, 0.99, 0.7, 1.0, 0.8, 0.3, 0.99, 0.6, 1.0, 0.5])
+    got = top_k_top_p(x, top_k, top_p)
+    want = sorted_top_k_top_p(x, top_k, top_p)
+    kept, wanted = (~torch.isinf(got)).sum(dim=-1), (~torch.isinf(want)).sum(dim=-1)
+    for i in range(len(x)):
+        if kept[i] != wanted[i]:  # only where float rounding decides: the mass before the cut is top_p
+            probs = torch.softmax(x[i].double(), dim=-1).sort(descending=True).values
+            before = float(probs[: min(kept[i], wanted[i])].sum())
+            assert abs(kept[i] - wanted[i]) == 1 and before == pytest.approx(float(top_p[i]), abs=1e-5), i
+            continue
+        assert torch.equal(got[i], want[i]), i  # the same tokens, ties at the cut included
+    assert kept[10] == vocab and kept[11] == 1 and kept[5] == 5  # no filter; top_k alone
+    assert kept[3] > 64 * 16  # a flat row: its set closed only on the whole vocabulary
+
+
+def test_inverse_cdf_never_picks_a_zero_probability_token() -> None:
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 3)
+    picked = inverse_cdf(probs, torch.tensor([0.0, 0.5, 1.0 - 1e-16], dtype=torch.float64))
+    assert picked.tolist() == [1, 3, 3]
+
+
+def test_inverse_cdf_follows_the_distribution_across_blocks() -> None:
+    """Mass on both sides of the 1024-token block edges, and in a last, partial block."""
+    ids = [3, 1023, 1024, 2500, 4999]
+    want = torch.tensor([0.1, 0.3, 0.2, 0.25, 0.15])
+    probs = torch.zeros(1, 5000)
+    probs[0, ids] = want
+    u = torch.rand(20000, generator=make_generator(5), dtype=torch.float64)
+    picked = inverse_cdf(probs.expand(len(u), -1), u).tolist()
+    assert set(picked) <= set(ids)
+    assert chi_square([ids.index(t) for t in picked], want) < 18.5  # 4 dof, p = 0.001
