@@ -17,6 +17,10 @@
 
 namespace {
 
+using pagedserve::load_f;
+using pagedserve::round_f;
+using pagedserve::store_f;
+
 // residual = x + residual (in the model dtype), out = weight * rmsnorm(residual).
 template <typename T>
 void add_rms_norm_impl(const T* x, T* res, const T* w, T* out, int64_t rows, int64_t n, float eps, bool add) {
@@ -25,15 +29,16 @@ void add_rms_norm_impl(const T* x, T* res, const T* w, T* out, int64_t rows, int
       T* h = res + r * n;
       if (add) {
         const T* xr = x + r * n;
-        for (int64_t i = 0; i < n; ++i) h[i] = static_cast<T>(static_cast<float>(h[i]) + static_cast<float>(xr[i]));
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) store_f(h, i, load_f(h, i) + load_f(xr, i));
       }
       float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < n; ++i) ss += static_cast<float>(h[i]) * static_cast<float>(h[i]);
+      for (int64_t i = 0; i < n; ++i) ss += load_f(h, i) * load_f(h, i);
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
       T* o = out + r * n;
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(static_cast<T>(static_cast<float>(h[i]) * inv)));
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) store_f(o, i, load_f(w, i) * round_f<T>(load_f(h, i) * inv));
     }
   });
 }
@@ -70,9 +75,9 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
         const scalar_t* u = g + n;
         scalar_t* dst = o + r * n;
         _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
-          const float gf = static_cast<float>(g[i]);
-          const scalar_t act = static_cast<scalar_t>(gf / (1.f + pagedserve::fast_exp(-gf)));
-          dst[i] = static_cast<scalar_t>(static_cast<float>(act) * static_cast<float>(u[i]));
+          const float gf = load_f(g, i);
+          const float act = round_f<scalar_t>(gf / (1.f + pagedserve::fast_exp(-gf)));
+          store_f(dst, i, act * load_f(u, i));
         }
       }
     });
@@ -103,10 +108,10 @@ std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& qkv, const at::Tens
         for (int64_t h = 0; h < H + Hkv; ++h) {
           const scalar_t* x = in + t * row + h * D;
           scalar_t* o = h < H ? qo + (t * H + h) * D : ko + (t * Hkv + h - H) * D;
-          for (int64_t i = 0; i < half; ++i) {
-            const float a = static_cast<float>(x[i]), b = static_cast<float>(x[i + half]);
-            o[i] = static_cast<scalar_t>(a * static_cast<float>(c[i]) - b * static_cast<float>(s[i]));
-            o[i + half] = static_cast<scalar_t>(b * static_cast<float>(c[i + half]) + a * static_cast<float>(s[i + half]));
+          _Pragma("omp simd") for (int64_t i = 0; i < half; ++i) {
+            const float a = load_f(x, i), b = load_f(x, i + half);
+            store_f(o, i, a * load_f(c, i) - b * load_f(s, i));
+            store_f(o, i + half, b * load_f(c, i + half) + a * load_f(s, i + half));
           }
         }
       }

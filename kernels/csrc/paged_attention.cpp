@@ -30,9 +30,6 @@ struct Item {
   int seq, q0, q1, kv0, kv1, part;
 };
 
-template <typename T>
-inline float to_f(T x) { return static_cast<float>(x); }
-
 // Four independent 8-lane partial sums: one accumulator would chain every FMA on the
 // previous one and run at FMA latency instead of throughput.
 inline float dot(const float* a, const float* b, int D) {
@@ -55,7 +52,7 @@ inline const float* row_f32(const scalar_t* src, float* buf, int n) {
     return src;
   } else {
 #pragma omp simd
-    for (int d = 0; d < n; ++d) buf[d] = static_cast<float>(src[d]);
+    for (int d = 0; d < n; ++d) buf[d] = pagedserve::load_f(src, d);
     return buf;
   }
 }
@@ -161,7 +158,7 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
   std::vector<float> qf(static_cast<size_t>(R) * D);  // query rows in fp32, pre-scaled
   std::vector<float> s(static_cast<size_t>(R) * BS);  // this block's scores, then probabilities
   const scalar_t* q0 = q + static_cast<int64_t>(q_start + it.q0) * H * D;
-  for (int64_t x = 0; x < static_cast<int64_t>(R) * D; ++x) qf[x] = to_f(q0[x]) * scale;
+  for (int64_t x = 0; x < static_cast<int64_t>(R) * D; ++x) qf[x] = pagedserve::load_f(q0, x) * scale;
   for (int r = 0; r < R; ++r) {
     m[r] = -std::numeric_limits<float>::infinity();
     l[r] = 0.f;
@@ -223,7 +220,7 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
         for (int t = 0; t < BS; ++t) {
           if (t < n) {
             const scalar_t* kr = kb + t * tok_stride + g * D;
-            for (int d = 0; d < D; ++d) kt[static_cast<size_t>(d) * BS + t] = to_f(kr[d]);
+            for (int d = 0; d < D; ++d) kt[static_cast<size_t>(d) * BS + t] = pagedserve::load_f(kr, d);
           } else {
             for (int d = 0; d < D; ++d) kt[static_cast<size_t>(d) * BS + t] = 0.f;
           }
@@ -405,7 +402,7 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
         }
         const float inv = denom > 0.f ? 1.f / denom : 0.f;
         scalar_t* dst = dst0 + static_cast<int64_t>(r) * D;
-        for (int d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(row[d] * inv);
+        _Pragma("omp simd") for (int d = 0; d < D; ++d) pagedserve::store_f(dst, d, row[d] * inv);
       }
     }
   });

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <cmath>
 
+#include <c10/util/BFloat16.h>
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define PAGEDSERVE_AVX2 1
@@ -34,6 +36,40 @@ inline float fast_exp(float x) {
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
+}
+
+// Element loads and stores through fp32, written as plain bit operations for bf16:
+// c10::BFloat16's own conversion rounds with a NaN branch the compiler does not
+// vectorize, which made bf16 elementwise kernels three times slower than fp32 ones.
+template <typename T>
+inline float load_f(const T* p, int64_t i) { return static_cast<float>(p[i]); }
+
+template <>
+inline float load_f(const c10::BFloat16* p, int64_t i) {
+  const uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+template <typename T>
+inline void store_f(T* p, int64_t i, float v) { p[i] = static_cast<T>(v); }
+
+// Round to nearest even, as c10::BFloat16 does; a NaN stays a (quiet) NaN.
+template <>
+inline void store_f(c10::BFloat16* p, int64_t i, float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+}
+
+// A value rounded to T and back, as the model's own dtype would hold it.
+template <typename T>
+inline float round_f(float v) {
+  T t;
+  store_f(&t, 0, v);
+  return load_f(&t, 0);
 }
 
 // Ask for the cache lines of [p, p + bytes) ahead of use: the hardware prefetcher stops
