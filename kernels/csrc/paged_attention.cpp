@@ -78,23 +78,46 @@ struct Partials {
   }
 };
 
-// J query rows (row stride D) against one key row: each key vector is loaded once for
-// all J rows. out[j] receives row j's score.
-template <int J>
-inline void dot_rows(const float* q, const float* kr, int D, float* out, int out_stride, Partials& acc) {
+// Eight bf16 values widened to fp32 in registers: a bf16 is the top half of its fp32.
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+// J query rows (row stride D) against one key row, read in the cache's dtype (fp32 or
+// bf16, widened in registers): each key vector is loaded once for all J rows. out[j]
+// receives row j's score.
+template <int J, typename K>
+inline void dot_rows(const float* q, const K* kr, int D, float* out, int out_stride, Partials& acc) {
   __m256 a[J];
   for (int j = 0; j < J; ++j) a[j] = _mm256_setzero_ps();
   for (int d = 0; d < D; d += 8) {
-    const __m256 kv = _mm256_loadu_ps(kr + d);
+    const __m256 kv = load8(kr + d);
     for (int j = 0; j < J; ++j) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * D + d), kv, a[j]);
   }
   for (int j = 0; j < J; ++j) acc.push(a[j], out + j * out_stride);
 }
 
+// dot_rows for any number of rows, four at a time.
+template <typename K>
+inline void dot_rows_any(int G, const float* q, const K* kr, int D, float* out, int out_stride, Partials& acc) {
+  for (int j = 0; j < G; j += 4) {
+    const float* qj = q + j * D;
+    float* oj = out + j * out_stride;
+    switch (std::min(4, G - j)) {
+      case 1: dot_rows<1>(qj, kr, D, oj, out_stride, acc); break;
+      case 2: dot_rows<2>(qj, kr, D, oj, out_stride, acc); break;
+      case 3: dot_rows<3>(qj, kr, D, oj, out_stride, acc); break;
+      default: dot_rows<4>(qj, kr, D, oj, out_stride, acc);
+    }
+  }
+}
+
 // acc[j] += sum over t < n of p[j * BS + t] * v[t] for J rows, 16 columns at a time, so
-// the J x 16 accumulators stay in registers for the whole block.
-template <int J>
-inline void pv_rows(const float* p, int BS, const float* v, int64_t vs, int n, int D, float* acc) {
+// the J x 16 accumulators stay in registers for the whole block; v in the cache's dtype.
+template <int J, typename V>
+inline void pv_rows(const float* p, int BS, const V* v, int64_t vs, int n, int D, float* acc) {
   for (int d = 0; d < D; d += 16) {
     __m256 a[J][2];
     for (int j = 0; j < J; ++j) {
@@ -102,7 +125,7 @@ inline void pv_rows(const float* p, int BS, const float* v, int64_t vs, int n, i
       a[j][1] = _mm256_loadu_ps(acc + j * D + d + 8);
     }
     for (int t = 0; t < n; ++t) {
-      const __m256 v0 = _mm256_loadu_ps(v + t * vs + d), v1 = _mm256_loadu_ps(v + t * vs + d + 8);
+      const __m256 v0 = load8(v + t * vs + d), v1 = load8(v + t * vs + d + 8);
       for (int j = 0; j < J; ++j) {
         const __m256 pb = _mm256_broadcast_ss(p + j * BS + t);
         a[j][0] = _mm256_fmadd_ps(pb, v0, a[j][0]);
@@ -116,21 +139,9 @@ inline void pv_rows(const float* p, int BS, const float* v, int64_t vs, int n, i
   }
 }
 
-// The row loops above for any number of rows, four at a time.
-inline void dot_rows_any(int G, const float* q, const float* kr, int D, float* out, int out_stride, Partials& acc) {
-  for (int j = 0; j < G; j += 4) {
-    const float* qj = q + j * D;
-    float* oj = out + j * out_stride;
-    switch (std::min(4, G - j)) {
-      case 1: dot_rows<1>(qj, kr, D, oj, out_stride, acc); break;
-      case 2: dot_rows<2>(qj, kr, D, oj, out_stride, acc); break;
-      case 3: dot_rows<3>(qj, kr, D, oj, out_stride, acc); break;
-      default: dot_rows<4>(qj, kr, D, oj, out_stride, acc);
-    }
-  }
-}
-
-inline void pv_rows_any(int G, const float* p, int BS, const float* v, int64_t vs, int n, int D, float* acc) {
+// pv_rows for any number of rows, four at a time.
+template <typename V>
+inline void pv_rows_any(int G, const float* p, int BS, const V* v, int64_t vs, int n, int D, float* acc) {
   for (int j = 0; j < G; j += 4) {
     const float* pj = p + j * BS;
     float* aj = acc + j * D;
@@ -168,7 +179,7 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
   alignas(64) float buf[kMaxDim];
 #ifdef PAGEDSERVE_AVX2
   const bool simd = D % 16 == 0;
-  std::vector<float> vblk(std::is_same<scalar_t, float>::value ? 0 : static_cast<size_t>(BS) * D);
+  std::vector<float> vblk(std::is_same<scalar_t, at::Half>::value ? static_cast<size_t>(BS) * D : 0);  // fp16 V rows
 #else
   const bool simd = false;
 #endif
@@ -200,9 +211,14 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
           pagedserve::prefetch(nk + t * tok_stride, row_bytes);
           pagedserve::prefetch(nv + t * tok_stride, row_bytes);
         }
-        for (int g = 0; g < Hkv; ++g)
-          dot_rows_any(G, qf.data() + static_cast<int64_t>(g) * G * D, row_f32(kb + t * tok_stride + g * D, buf, D),
-                       D, s.data() + g * G * BS + t, BS, parts);
+        for (int g = 0; g < Hkv; ++g) {
+          const scalar_t* kr = kb + t * tok_stride + g * D;
+          float* out = s.data() + g * G * BS + t;
+          if constexpr (std::is_same<scalar_t, float>::value || std::is_same<scalar_t, c10::BFloat16>::value)
+            dot_rows_any(G, qf.data() + static_cast<int64_t>(g) * G * D, kr, D, out, BS, parts);
+          else
+            dot_rows_any(G, qf.data() + static_cast<int64_t>(g) * G * D, row_f32(kr, buf, D), D, out, BS, parts);
+        }
       }
       parts.flush();
 #endif
@@ -283,20 +299,19 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
     if (simd) {
       for (int g = 0; g < Hkv; ++g) {
         const scalar_t* vg = vb + g * D;
-        const float* vrows;
-        int64_t vs = tok_stride;
-        if constexpr (std::is_same<scalar_t, float>::value) {
-          vrows = vg;
+        auto accumulate = [&](const auto* vrows, int64_t vs) {
+          for (int i = 0; i < nq; ++i) {
+            const int visible = std::max(0, std::min(n, first_pos + i - kv + 1));
+            if (visible == 0) continue;
+            const int r0 = i * H + g * G;
+            pv_rows_any(G, s.data() + r0 * BS, BS, vrows, vs, visible, D, acc + static_cast<int64_t>(r0) * D);
+          }
+        };
+        if constexpr (std::is_same<scalar_t, float>::value || std::is_same<scalar_t, c10::BFloat16>::value) {
+          accumulate(vg, tok_stride);  // widened in registers
         } else {  // one conversion of this head's block, shared by every query row
           for (int t = 0; t < n; ++t) row_f32(vg + t * tok_stride, vblk.data() + t * D, D);
-          vrows = vblk.data();
-          vs = D;
-        }
-        for (int i = 0; i < nq; ++i) {
-          const int visible = std::max(0, std::min(n, first_pos + i - kv + 1));
-          if (visible == 0) continue;
-          const int r0 = i * H + g * G;
-          pv_rows_any(G, s.data() + r0 * BS, BS, vrows, vs, visible, D, acc + static_cast<int64_t>(r0) * D);
+          accumulate(vblk.data(), static_cast<int64_t>(D));
         }
       }
       kv += n;
