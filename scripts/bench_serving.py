@@ -1,24 +1,29 @@
 #!/usr/bin/env python
 """Serving benchmark: streaming load against OpenAI-compatible servers, ours and a peer.
 
-Sends streaming `/v1/completions` requests with token-id prompts (so every server sees
-exactly the same tokens), `ignore_eos`, greedy, and measures per request the time to
-first token (TTFT), the gaps between streamed chunks (ITL), time per output token after
-the first (TPOT) and end-to-end latency; per load level the output tok/s and the
-goodput under an SLO. Load is a fixed concurrency (a sweep) or Poisson arrivals.
+Our client sends streaming `/v1/completions` requests with token-id prompts (so every
+server sees exactly the same tokens), `ignore_eos`, greedy, and measures per request the
+time to first token (TTFT), the gaps between streamed chunks (ITL), time per output
+token after the first (TPOT) and end-to-end latency; per load level the output tok/s
+and the goodput under an SLO. Load is a fixed concurrency (a sweep, which always
+includes c=1 for the batch-1 inter-token latency) or Poisson arrivals. `--clients
+ours,vllm` also drives each server with vLLM's own load generator (`vllm bench serve`:
+text prompts, the server's default sampling), as a vLLM user would measure it; both
+clients' records go through the same summary.
 
-Servers: `--url` measures one that is already running; otherwise `--servers` starts
-ours (`bentoml serve` on a preset written from the flags, `--quantization` included),
-vLLM's CPU server (`vllm serve` from .peers/vllm, scripts/setup_vllm_peer.sh) on the
-same weights, dtype and scheduler limits, and/or llama.cpp's `llama-server`
-(scripts/peers/setup_llama_server.sh) on the same GGUF file, started afresh for each
-level with `--parallel` equal to its concurrency; one at a time on the same cores.
-`--offline` also runs our engine in-process on the same requests, so the cost of
-serving shows as a ratio.
+Servers (scripts/servers.py): `--url` measures one that is already running; otherwise
+`--servers` starts ours (`bentoml serve` on a preset written from the flags,
+`--quantization` included), vLLM's CPU server (`vllm serve` from .peers/vllm) on the
+same weights, dtype and scheduler limits, with every core as ours gets unless
+`--peer-defaults` (vLLM's out-of-the-box choice: one core kept for its API process),
+and/or llama.cpp's `llama-server` on the same GGUF file, started afresh for each level
+with `--parallel` equal to its concurrency; one at a time on the same cores.
+`--offline` also runs our engine in-process on the last level's requests, so the cost
+of serving shows as a ratio.
 
 Writes JSON and PNG plots (latency against throughput; TTFT and ITL distributions).
 
-    python scripts/bench_serving.py --servers ours,vllm --concurrency 1,16,64 --offline
+    python scripts/bench_serving.py --servers ours,vllm --clients ours,vllm --concurrency 1,16,64 --offline
     python scripts/bench_serving.py --url http://localhost:3000 --request-rate 4
     python scripts/bench_serving.py --servers ours,llama --quantization gguf --concurrency 1,16,64
 """
