@@ -256,8 +256,9 @@ def top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> to
         probs = torch.exp(vals - norm[:, None]).masked_fill_(~in_k, 0.0)
         cum = probs.cumsum(dim=-1)
         p = top_p[todo][:, None]
-        n = ((cum - probs < p) & in_k).sum(dim=-1)
-        closed = (rk <= w) | (cum[:, -1] >= p[:, 0])
+        n = ((cum - probs < p) & in_k).sum(dim=-1).clamp_min_(1)
+        # a row with nothing left to sample (every logit -inf) has no set to close: leave it
+        closed = (rk <= w) | (cum[:, -1] >= p[:, 0]) | torch.isneginf(norm)
         kept[todo[closed]] = n[closed]
         last[todo[closed]] = vals[closed].gather(1, (n[closed] - 1)[:, None])[:, 0]
         todo = todo[~closed]

@@ -292,3 +292,13 @@ def test_inverse_cdf_follows_the_distribution_across_blocks() -> None:
     picked = inverse_cdf(probs.expand(len(u), -1), u).tolist()
     assert set(picked) <= set(ids)
     assert chi_square([ids.index(t) for t in picked], want) < 18.5  # 4 dof, p = 0.001
+
+
+@pytest.mark.parametrize("kw", [{"top_p": 0.9}, {"top_k": 5}, {"top_k": 5, "top_p": 0.5, "min_p": 0.1}, {}])
+def test_a_row_with_nothing_left_is_reported_not_raised(kw: dict) -> None:
+    """Constraints that ban every token (here bad_words) leave a row all -inf; the filters
+    must pass it through so the engine can end that request, and its neighbours sample."""
+    banned = SamplingRow(SamplingParams(**kw), None, [], [], bad_words=[[t] for t in range(VOCAB)])
+    out = Sampler([EOS])(random_logits(2, seed=8), [banned, row(**kw)])
+    assert out.no_token == [0]
+    assert 0 <= out.token_ids[1] < VOCAB
