@@ -20,7 +20,8 @@ def rows_for(m: int) -> int:
     """The row count a GEMM of m rows runs on (see linear)."""
     if m <= ROWS:
         return m
-    return -(-m // (4 if m <= FINE else ROWS)) * (4 if m <= FINE else ROWS)
+    step = 4 if m <= FINE else ROWS
+    return -(-m // step) * step
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
