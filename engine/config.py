@@ -22,6 +22,51 @@ PRESET_DIR = Path(__file__).resolve().parent.parent / "config"
 CPU_KV_DEFAULT_BYTES = 2 << 30
 
 
+class SpeculativeConfig(BaseModel):
+    """Speculative decoding (engine/spec/): a proposer guesses up to num_speculative_tokens
+    tokens a step and the target verifies them in the same forward pass. Keys of another
+    method than the one chosen are errors, not ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["ngram", "suffix", "draft"]
+    num_speculative_tokens: int = Field(4, ge=1, le=16)
+    # ngram: the longest suffix of the request's tokens, from max down to min tokens, that
+    # occurred before in its prompt or output proposes what followed it there.
+    prompt_lookup_min: int = Field(2, ge=1, le=64)
+    prompt_lookup_max: int = Field(4, ge=1, le=64)
+    # draft: another model (None = the target's own checkpoint) made cheap by quantization
+    # or by keeping its first num_layers layers; it must share the target's tokenizer.
+    model: str | None = None
+    quantization: Literal["gguf", "int8"] | None = None
+    num_layers: int | None = Field(None, ge=1)
+    # suffix: contexts of up to this many tokens, over the request's own tokens and the
+    # outputs of the last max_cached_requests requests; a draft stops once its estimated
+    # probability falls under min_token_prob.
+    suffix_max_tree_depth: int = Field(24, ge=1, le=64)
+    suffix_max_cached_requests: int = Field(1000, ge=0, le=100_000)
+    suffix_min_token_prob: float = Field(0.1, ge=0.0, le=1.0)
+    # More running sequences than this and a step does not speculate: verification rows
+    # then cost more than the few decode steps they save (vLLM's disable_by_batch_size).
+    disable_by_batch_size: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _method_keys(self) -> "SpeculativeConfig":
+        if self.prompt_lookup_max < self.prompt_lookup_min:
+            key = "prompt_lookup_max" if "prompt_lookup_max" in self.model_fields_set else "prompt_lookup_min"
+            raise ParamError(f"speculative_config.{key}", f"prompt_lookup_max ({self.prompt_lookup_max}) is below "
+                             f"prompt_lookup_min ({self.prompt_lookup_min})")
+        own = {"ngram": {"prompt_lookup_min", "prompt_lookup_max"},
+               "draft": {"model", "quantization", "num_layers"},
+               "suffix": {"suffix_max_tree_depth", "suffix_max_cached_requests", "suffix_min_token_prob"}}
+        for method, keys in own.items():
+            stray = sorted(keys & self.model_fields_set) if method != self.method else []
+            if stray:
+                raise ParamError(f"speculative_config.{stray[0]}",
+                                 f"speculative_config.{stray[0]} applies to method {method!r}, not {self.method!r}")
+        return self
+
+
 class EngineConfig(BaseModel):
     """Everything that shapes an engine. Unknown keys are errors, not silently ignored."""
 
@@ -50,6 +95,7 @@ class EngineConfig(BaseModel):
     # Compute on quantized weights (CPU, engine/models/quantize.py): "gguf" keeps a GGUF
     # file's blocks, "int8" quantizes any checkpoint per output channel at load.
     quantization: Literal["gguf", "int8"] | None = None
+    speculative_config: SpeculativeConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "EngineConfig":
@@ -73,10 +119,15 @@ class EngineConfig(BaseModel):
         """Like the constructor, but a bad key or value raises ParamError naming the field."""
         try:
             return cls(**kwargs)
+        except ParamError:
+            raise
         except ValidationError as e:
             params, msgs = [], []
             for err in e.errors():
                 where = ".".join(str(p) for p in err["loc"]) or "config"
+                inner = (err.get("ctx") or {}).get("error")
+                if isinstance(inner, ParamError):  # a validator that knows which key it is about
+                    where, err = inner.param, {**err, "msg": str(inner)}
                 params.append(where)
                 msgs.append(f"{where}: {err['msg']}")
             raise ParamError(params[0], "invalid engine config: " + "; ".join(msgs)) from None
@@ -147,18 +198,19 @@ class ResolvedConfig:
 
     @classmethod
     def resolve(cls, config: EngineConfig, hf_config: Any, placement: Placement, attention_backend: AttentionBackend,
-                pending_bytes: int = 0) -> "ResolvedConfig":
+                pending_bytes: int = 0, extra_block_bytes: int = 0) -> "ResolvedConfig":
         """Size the KV pool. On CUDA without kv_cache_memory_bytes it takes
         gpu_memory_utilization of the memory free now, less `pending_bytes` of weights that
         are still to be loaded on this device: call it once the weights are in, as vLLM
-        sizes its pool after the profile run."""
+        sizes its pool after the profile run. `extra_block_bytes` is what each block also
+        takes elsewhere (a draft model's cache, addressed by the same block ids)."""
         from engine.models.llama import kv_block_bytes
 
         device, dtype, positions = placement.device, placement.dtype, placement.max_positions
         window = getattr(hf_config, "sliding_window", None)
         # Under parallelism every rank holds the same number of blocks, of its heads and layers.
         block_bytes = kv_block_bytes(hf_config, config.block_size, dtype, config.tensor_parallel_size,
-                                     config.pipeline_parallel_size)
+                                     config.pipeline_parallel_size) + extra_block_bytes
         num_blocks = _num_blocks(config, device, block_bytes, pending_bytes)
         capacity = num_blocks * config.block_size
         max_model_len = config.max_model_len or min(positions, capacity, window or positions)

@@ -16,7 +16,7 @@ from collections import deque
 
 import torch
 
-from engine import intake, stopping
+from engine import intake, spec, stopping
 from engine.config import EngineConfig, Placement
 from engine.detokenizer import Detokenizer
 from engine.errors import ParamError
@@ -25,6 +25,7 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.models import loader
 from engine.messages import ModelInfo, RequestDelta, StepOutput, TokenLogprobs
 from engine.request import Request
+from engine.rejection_sampler import Draft, Verdict
 from engine.runner import StepInput, StepLogits, prepare
 from engine.sampler import Sampler, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
@@ -54,21 +55,30 @@ class LLMEngine:
         self.sampling_defaults = loader.load_sampling_defaults(files)  # generation_config.json
         self.hf_id = loader.hf_id(files)
 
+        sc = config.speculative_config
+        draft = spec.check(config, placement, files, hf_config, self.tokenizer)
+
         # Builds the model; the KV pool is sized from what is left once the weights are in.
-        self.executor, resolved = create_executor(config, placement, files, hf_config)
+        self.executor, resolved = create_executor(config, placement, files, hf_config,
+                                                  draft.block_bytes(config.block_size) if draft else 0)
         self.resolved = resolved
         self.device, self.dtype = resolved.device, resolved.dtype
         self.max_model_len = resolved.max_model_len
         self.kv_manager = KVCacheManager(resolved.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.scheduling_policy)
+                                   config.scheduling_policy, sc.num_speculative_tokens if sc else 0,
+                                   sc.disable_by_batch_size if sc else None)
         self._inflight: deque[tuple[Batch, StepInput]] = deque()  # submitted, logits not yet taken
         self.grammars = Grammars(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed, grammars=self.grammars)
+        self.proposer = None if sc is None else spec.create(
+            sc, draft, config, placement, resolved.num_blocks, resolved.attention_backend, self.kv_manager,
+            make_generator(config.seed + 1))
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self.tracker = StatsTracker(self.scheduler, self.kv_manager, config.quantization,
-                                    self.executor.weight_bytes(hf_config, resolved.dtype))
+                                    self.executor.weight_bytes(hf_config, resolved.dtype),
+                                    sc.method if sc else None, sc.num_speculative_tokens if sc else 0)
         # Everything built so far (model, tokenizer, modules) lives as long as the engine:
         # keep it out of the collector's scans, which otherwise stall steps at random.
         gc.collect()
@@ -135,7 +145,7 @@ class LLMEngine:
             if not seq.finished:
                 seq.finish_reason = "abort"
                 req.delta(seq).finish_reason = "abort"
-                self.scheduler.finish(seq)
+                self._retire(seq)
         return req.take_output()
 
     def has_unfinished(self) -> bool:
@@ -164,6 +174,7 @@ class LLMEngine:
                           prefix_cache_hit_tokens=batch.prefix_hit_tokens)
         outputs: list[RequestDelta] = []
         if batch.seqs:
+            self._propose(batch)
             step = prepare(batch, self.kv_manager)
             for seq in batch.seqs:
                 seq.in_flight = True
@@ -176,6 +187,17 @@ class LLMEngine:
         self.tracker.add(stats)
         return StepOutput(outputs, stats)
 
+    def _propose(self, batch: Batch) -> None:
+        """Fill the speculative positions the scheduler allowed; a sequence's query shrinks to
+        what was proposed (its spare slots stay allocated and serve its next tokens)."""
+        at = [i for i, allow in enumerate(batch.spec_allow) if allow]
+        if not at or self.proposer is None:
+            return
+        seqs = [batch.seqs[i] for i in at]
+        self.proposer.propose(seqs, [batch.spec_allow[i] for i in at], batch.copies)
+        for i, seq in zip(at, seqs):
+            batch.num_new[i] = 1 + len(seq.spec_token_ids)
+
     def _complete(self, batch: Batch, step: StepInput, logits: torch.Tensor, stats: StepStats
                   ) -> list[RequestDelta]:
         for seq, n in zip(batch.seqs, batch.num_new):
@@ -185,43 +207,56 @@ class LLMEngine:
             stats.prompt_tokens_computed += max(0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens))
             seq.num_computed_tokens += n
         self.tracker.track_waste()
-        k = len(step.sampling)
-        out = StepLogits(logits[:k], step.sampling, step.prompt_spans, logits[k:])
+        k = sum(step.rows)
+        out = StepLogits(logits[:k], step.sampling, step.rows, step.prompt_spans, logits[k:])
         row = 0
         for seq, first, count in out.prompt_spans:
             req = self.requests.get(seq.request_id)
             if req is not None and not seq.finished:  # else aborted while in flight
                 req.score_prompt(seq, first, out.prompt_logits[row:row + count])
             row += count
-        live = [i for i, seq in enumerate(out.sampling) if not seq.finished]
-        if len(live) < k:
-            return self._sample(out.logits[live], [out.sampling[i] for i in live], stats)
-        return self._sample(out.logits, out.sampling, stats)
+        return self._sample(out, stats)
 
-    def _sample(self, logits: torch.Tensor, sampling: list[Sequence], stats: StepStats) -> list[RequestDelta]:
-        rows, row_seqs, logit_rows = [], [], []
-        for i, seq in enumerate(sampling):
-            req = self.requests[seq.request_id]
-            for s in [seq, *self._fork(req, seq)]:
-                rows.append(SamplingRow(s.params, s.generator, s.prompt_token_ids, s.output_token_ids, s.matcher,
-                                        s.bad_words))
-                row_seqs.append(s)
-                logit_rows.append(i)
-        if len(logit_rows) != len(sampling):
-            logits = logits[logit_rows]
-        out = self.sampler(logits, rows)
-        no_token = set(out.no_token)
-        stats.generation_tokens = len(row_seqs) - len(no_token)
+    def _sample(self, out: StepLogits, stats: StepStats) -> list[RequestDelta]:
+        rows: list[SamplingRow] = []
+        row_seqs: list[Sequence] = []
+        drafts: list[Draft] = []
+        logit_rows: list[int] = []
+        first = 0
+        for seq, n in zip(out.sampling, out.rows):
+            if not seq.finished:  # else aborted while in flight
+                req = self.requests[seq.request_id]
+                family = [seq, *self._fork(req, seq)] if n == 1 else [seq]
+                for s in family:
+                    spec_ids = s.spec_token_ids
+                    for j in range(n):
+                        outputs = s.output_token_ids + spec_ids[:j] if j else s.output_token_ids
+                        rows.append(SamplingRow(s.params, s.generator, s.prompt_token_ids, outputs, s.matcher,
+                                                s.bad_words, spec_ids[:j]))
+                        logit_rows.append(first + j)
+                    row_seqs.append(s)
+                    drafts.append(Draft(spec_ids, s.spec_probs))
+            first += n
+        if not rows:
+            return []
+        logits = out.logits if len(logit_rows) == out.logits.shape[0] else out.logits[logit_rows]
+        verdicts = self.sampler.verify(logits, rows, drafts)
 
         changed: dict[str, Request] = {}
         now = time.monotonic()
-        for i, (seq, tok, lp) in enumerate(zip(row_seqs, out.token_ids, out.logprobs)):
+        for seq, draft, verdict in zip(row_seqs, drafts, verdicts):
             req = self.requests[seq.request_id]
-            if i in no_token:
+            if draft.tokens:
+                self._settle(seq, draft, verdict, stats)
+            lps = verdict.logprobs or [None] * len(verdict.token_ids)
+            for tok, lp in zip(verdict.token_ids, lps):
+                self._append(seq, req, tok, lp, now, stats)
+                stats.generation_tokens += 1
+                if seq.finished:  # a stop inside an accepted run: nothing after it is emitted
+                    break
+            if verdict.no_token and not seq.finished:
                 self._end(seq, req, f"no token is left to sample: {intake.constraints(seq.params)} exclude "
                           f"every token after {seq.num_output_tokens} generated")
-            else:
-                self._append(seq, req, tok, lp, now, stats)
             changed[req.request_id] = req
         outputs = []
         for req in changed.values():
@@ -229,6 +264,17 @@ class LLMEngine:
                 del self.requests[req.request_id]
             outputs.append(req.take_output())
         return outputs
+
+    def _settle(self, seq: Sequence, draft: Draft, verdict: Verdict, stats: StepStats) -> None:
+        """The rejected proposals' KV positions become free to overwrite: the computed count
+        moves back by them (their slots stay the sequence's; their tokens were never hashed)."""
+        seq.num_computed_tokens -= len(draft.tokens) - verdict.num_accepted
+        seq.spec_token_ids, seq.spec_probs = [], None
+        stats.spec_drafts += 1
+        stats.spec_draft_tokens += len(draft.tokens)
+        stats.spec_accepted_tokens += verdict.num_accepted
+        for j in range(verdict.num_accepted):
+            stats.spec_accepted_per_pos[j] = stats.spec_accepted_per_pos.get(j, 0) + 1
 
     def _fork(self, req: Request, parent: Sequence) -> list[Sequence]:
         children = req.fork(parent, lambda i: self._new_seq(
@@ -259,7 +305,7 @@ class LLMEngine:
         if verdict.finish_reason is not None:
             seq.finish_reason, seq.stop_reason = verdict.finish_reason, verdict.stop_reason
             delta.finish_reason, delta.stop_reason = verdict.finish_reason, verdict.stop_reason
-            self.scheduler.finish(seq)
+            self._retire(seq)
 
     def _end(self, seq: Sequence, req: Request, why: str) -> None:
         """End a sequence whose own constraints leave it nothing valid to generate: an
@@ -268,7 +314,12 @@ class LLMEngine:
         delta = req.delta(seq)
         delta.text += req.detoks[seq.index].flush()
         delta.finish_reason, delta.error = "abort", why
+        self._retire(seq)
+
+    def _retire(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
+        if self.proposer is not None:
+            self.proposer.finish(seq)
 
     # -- statistics ---------------------------------------------------------------
     def gauges(self) -> StepStats:

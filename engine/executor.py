@@ -205,8 +205,8 @@ class ParallelExecutor:
         torch.set_num_threads(self._threads)
 
 
-def create_executor(config: EngineConfig, placement: Placement, files: loader.ModelFiles, hf_config
-                    ) -> tuple[LocalExecutor | ParallelExecutor, ResolvedConfig]:
+def create_executor(config: EngineConfig, placement: Placement, files: loader.ModelFiles, hf_config,
+                    extra_block_bytes: int = 0) -> tuple[LocalExecutor | ParallelExecutor, ResolvedConfig]:
     """In this process for tp = pp = 1, else over worker processes; with the config
     resolved against the model as loaded. The attention backend chosen with the placement
     is built here, once. A KV pool sized from free device memory is sized after this
@@ -218,12 +218,12 @@ def create_executor(config: EngineConfig, placement: Placement, files: loader.Mo
         model = loader.build_model(None if dummy else files, hf_config, placement.dtype, placement.device,
                                    max_positions=placement.max_positions, dummy=dummy, seed=config.seed, fused=fused,
                                    quantization=config.quantization)
-        resolved = ResolvedConfig.resolve(config, hf_config, placement, backend)
+        resolved = ResolvedConfig.resolve(config, hf_config, placement, backend, extra_block_bytes=extra_block_bytes)
         return LocalExecutor(ModelRunner(model, resolved.num_blocks, config.block_size, resolved.dtype,
                                          resolved.device, backend)), resolved
     ranks = config.tensor_parallel_size * config.pipeline_parallel_size
     pending = loader.weight_bytes(hf_config, placement.dtype) // ranks if measures_memory(placement.device) else 0
-    resolved = ResolvedConfig.resolve(config, hf_config, placement, backend, pending)
+    resolved = ResolvedConfig.resolve(config, hf_config, placement, backend, pending, extra_block_bytes)
     spec = WorkerSpec(None if dummy else files, hf_config, resolved.dtype, resolved.device.type,
                       resolved.max_positions, resolved.num_blocks, config.block_size, backend,
                       config.seed, config.tensor_parallel_size, config.pipeline_parallel_size,

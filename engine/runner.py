@@ -70,6 +70,9 @@ class StepTensors:
 class StepInput:
     tensors: StepTensors
     sampling: list[Sequence]  # in the order of the first logits rows
+    # Logits rows per sampling sequence: 1, plus its speculative tokens when it has some
+    # (row j predicts the token after its j-th proposed one).
+    rows: list[int]
     # (sequence, first position, count) for prompt tokens whose logprobs were asked for;
     # their logits rows follow the sampling rows, in this order.
     prompt_spans: list[tuple[Sequence, int, int]]
@@ -77,39 +80,49 @@ class StepInput:
 
 @dataclass
 class StepLogits:
-    logits: torch.Tensor  # fp32, one row per sampling sequence
+    logits: torch.Tensor  # fp32, the sampling sequences' rows (StepInput.rows of each)
     sampling: list[Sequence]
+    rows: list[int]
     prompt_spans: list[tuple[Sequence, int, int]]
     prompt_logits: torch.Tensor  # fp32, one row per position in prompt_spans: it predicts the next token
 
 
+def flatten(tokens: list[list[int]], first: list[int], tables: list[list[int]], block_size: int
+            ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Queries of several sequences as one flat batch: sequence i's tokens at positions
+    first[i]..; gives (ids, positions, slots, table array, query starts)."""
+    num_new = np.array([len(t) for t in tokens], dtype=np.int64)
+    computed = np.array(first, dtype=np.int64)
+    ids = [t for ts in tokens for t in ts]
+    starts = np.concatenate(([0], np.cumsum(num_new)))
+    req_of_token = np.repeat(np.arange(len(tokens)), num_new)
+    positions = np.arange(int(starts[-1])) - starts[req_of_token] + computed[req_of_token]
+    width = max(len(t) for t in tables)
+    table_np = np.zeros((len(tables), width), dtype=np.int64)
+    for i, t in enumerate(tables):
+        table_np[i, : len(t)] = t
+    slots = table_np[req_of_token, positions // block_size] * block_size + positions % block_size
+    return ids, positions, slots, table_np, starts
+
+
 def prepare(batch: Batch, kv_manager: KVCacheManager) -> StepInput:
     """The batch as flat token arrays, block tables and the rows to compute logits for."""
-    bs = kv_manager.block_size
     # Single-token queries go first so they can take the decode kernel.
     order = sorted(range(len(batch)), key=lambda i: batch.num_new[i] != 1)
     reqs = [batch.seqs[i] for i in order]
     num_new = np.array([batch.num_new[i] for i in order], dtype=np.int64)
     computed = np.array([r.num_computed_tokens for r in reqs], dtype=np.int64)
     seq_lens = computed + num_new
+    # A speculating sequence's query runs past its known tokens into its proposed ones.
+    tokens = [(r.token_ids[c:c + n] if not r.spec_token_ids else (r.token_ids + r.spec_token_ids)[c:c + n])
+              for r, c, n in zip(reqs, computed.tolist(), num_new.tolist())]
+    ids, positions, slots, table_np, starts = flatten(
+        tokens, computed.tolist(), [kv_manager.block_ids(r) for r in reqs], kv_manager.block_size)
 
-    ids: list[int] = []
-    for r, c, n in zip(reqs, computed.tolist(), num_new.tolist()):
-        ids.extend(r.token_ids[c : c + n])
-    starts = np.concatenate(([0], np.cumsum(num_new)))
-    total = int(starts[-1])
-    req_of_token = np.repeat(np.arange(len(reqs)), num_new)
-    positions = np.arange(total) - starts[req_of_token] + computed[req_of_token]
-
-    tables = [kv_manager.block_ids(r) for r in reqs]
-    width = max(len(t) for t in tables)
-    table_np = np.zeros((len(reqs), width), dtype=np.int64)
-    for i, t in enumerate(tables):
-        table_np[i, : len(t)] = t
-    slots = table_np[req_of_token, positions // bs] * bs + positions % bs
-
-    sampling_rows = [i for i, r in enumerate(reqs) if seq_lens[i] == r.num_tokens]
-    logits_idx = starts[1:][sampling_rows] - 1
+    sampling_rows = [i for i, r in enumerate(reqs) if seq_lens[i] == r.num_tokens + len(r.spec_token_ids)]
+    rows = [1 + len(reqs[i].spec_token_ids) for i in sampling_rows]
+    logits_idx = np.concatenate([np.arange(starts[i + 1] - n, starts[i + 1]) for i, n in zip(sampling_rows, rows)]
+                                or [np.zeros(0, dtype=np.int64)])
     spans: list[tuple[Sequence, int, int]] = []
     for i, r in enumerate(reqs):
         if r.params.prompt_logprobs is not None:
@@ -131,7 +144,7 @@ def prepare(batch: Batch, kv_manager: KVCacheManager) -> StepInput:
         copies=torch.tensor(batch.copies, dtype=torch.int64).view(-1, 2),
         num_decodes=int((num_new == 1).sum()),
     )
-    return StepInput(tensors, [reqs[i] for i in sampling_rows], spans)
+    return StepInput(tensors, [reqs[i] for i in sampling_rows], rows, spans)
 
 
 class ModelRunner:

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
+from engine.cdf import inverse_cdf
 from engine.messages import TokenLogprobs
+from engine.rejection_sampler import Draft, Draws, Verdict, rejection_sample
 from engine.sampling_params import SamplingParams
 
 
@@ -27,6 +29,9 @@ class SamplingRow:
     output_token_ids: list[int]  # generated before this step
     matcher: Any = None  # engine.structured.Matcher: the grammar's mask applies
     bad_words: list[list[int]] | None = None  # the request's bad_words as token ids (engine/intake.py)
+    # Speculative tokens this row comes after: they end output_token_ids, but the matcher has
+    # not accepted them (it is advanced over them for this row's mask, then rolled back).
+    ahead: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -53,8 +58,42 @@ class Sampler:
         self.generator = make_generator(seed)
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-        if logits.dim() != 2 or logits.shape[0] != len(rows):
-            raise ValueError(f"logits must be [{len(rows)}, vocab], got {list(logits.shape)}")
+        """One token per row."""
+        verdicts = self.verify(logits, rows, [Draft([])] * len(rows))
+        return SamplerOutput([v.token_ids[0] if v.token_ids else 0 for v in verdicts],
+                             [v.logprobs[0] if v.logprobs else None for v in verdicts],
+                             [i for i, v in enumerate(verdicts) if v.no_token])
+
+    def verify(self, logits: torch.Tensor, rows: list[SamplingRow], drafts: list[Draft]) -> list[Verdict]:
+        """Each draft owns len(tokens) + 1 consecutive rows: row j is the target's distribution
+        after the draft's first j tokens. Every row goes through the same processing as an
+        unspeculated step, so what is accepted is what the target would have produced
+        (engine/rejection_sampler.py); a draft without tokens is a plain sampling step."""
+        if logits.dim() != 2 or logits.shape[0] != len(rows) or sum(len(d.tokens) + 1 for d in drafts) != len(rows):
+            raise ValueError(f"logits must be [{len(rows)}, vocab] for the drafts' rows, got {list(logits.shape)}")
+        x = self.process(logits, rows)
+        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+        rand = [i for i, r in enumerate(rows) if not r.params.greedy]
+        # top-k/top-p/min-p all keep the most likely token, so argmax is exact for greedy rows.
+        target = x.argmax(dim=-1) if greedy else torch.empty(len(rows), dtype=torch.long)
+        probs = None
+        draws = Draws(self.generator, rows, drafts)
+        if len(rand) == len(rows):
+            probs = self._probs(x, rows)
+            target = inverse_cdf(probs, draws.u.to(x.device))
+        elif rand:
+            idx = torch.tensor(rand, device=x.device)
+            probs = torch.zeros_like(x)
+            probs[idx] = self._probs(x[idx], [rows[i] for i in rand])
+            target[idx] = inverse_cdf(probs[idx], draws.u[idx].to(x.device))
+        verdicts = rejection_sample(target, probs, drafts, rows, draws, set(self._no_token(x, rows)))
+        draws.settle(verdicts)
+        add_logprobs(logits, rows, drafts, verdicts)
+        return verdicts
+
+    def process(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """A float32 copy of the logits with every per-request rule applied: min_tokens,
+        penalties, logit_bias and allowed_token_ids, bad words, the grammar's mask."""
         x = logits.to(torch.float32, copy=True)
         self._mask_min_tokens(x, rows)
         apply_penalties(x, rows)
@@ -62,24 +101,9 @@ class Sampler:
         apply_bad_words(x, rows)
         constrained = [i for i, r in enumerate(rows) if r.matcher is not None]
         if constrained:
-            self.grammars.apply_masks(x, constrained, [rows[i].matcher for i in constrained])
-
-        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
-        rand = [i for i, r in enumerate(rows) if not r.params.greedy]
-        # top-k/top-p/min-p all keep the most likely token, so argmax is exact for greedy rows.
-        if not rand:
-            tokens = x.argmax(dim=-1)
-        elif not greedy:
-            tokens = self._sample(x, rows)
-        else:
-            tokens = torch.empty(len(rows), dtype=torch.long, device=x.device)
-            idx = torch.tensor(greedy, device=x.device)
-            tokens[idx] = x[idx].argmax(dim=-1)
-            idx = torch.tensor(rand, device=x.device)
-            tokens[idx] = self._sample(x[idx], [rows[i] for i in rand])
-
-        token_ids = tokens.tolist()
-        return SamplerOutput(token_ids, compute_logprobs(logits, rows, token_ids), self._no_token(x, rows))
+            self.grammars.apply_masks(x, constrained, [rows[i].matcher for i in constrained],
+                                      [rows[i].ahead for i in constrained])
+        return x
 
     def _no_token(self, x: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
         """The rows where nothing is left to sample. Only constraints that ban tokens
@@ -105,60 +129,24 @@ class Sampler:
             dev = x.device
             x[torch.tensor(row_idx, device=dev), torch.tensor(tok_idx, device=dev)] = -torch.inf
 
-    def _sample(self, x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        """Sample one token per row from logits x (rows all non-greedy)."""
-        dev = x.device
-        temps = torch.tensor([r.params.temperature for r in rows], device=dev)
-        x = x / temps[:, None]
-        if any(r.params.top_k > 0 or r.params.top_p < 1 for r in rows):
-            top_k = torch.tensor([r.params.top_k for r in rows], device=dev)
-            top_p = torch.tensor([r.params.top_p for r in rows], device=dev)
-            x = top_k_top_p(x, top_k, top_p)
-        if any(r.params.min_p > 0 for r in rows):
-            min_p = torch.tensor([r.params.min_p for r in rows], device=dev)
-            x = apply_min_p(x, min_p)
-        return inverse_cdf(torch.softmax(x, dim=-1), self._uniforms(rows).to(dev))
-
-    def _uniforms(self, rows: list[SamplingRow]) -> torch.Tensor:
-        """One U[0, 1) draw per row: seeded rows from their own generator, the rest in one draw."""
-        u = torch.empty(len(rows), dtype=torch.float64)
-        shared = [i for i, r in enumerate(rows) if r.generator is None]
-        for i, r in enumerate(rows):
-            if r.generator is not None:
-                u[i] = torch.rand(1, generator=r.generator, dtype=torch.float64)
-        if shared:
-            u[shared] = torch.rand(len(shared), generator=self.generator, dtype=torch.float64)
-        return u
+    def _probs(self, x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """The distribution each (non-greedy) row samples from: temperature, top-k/top-p, min-p."""
+        return filtered_probs(x, [r.params for r in rows])
 
 
-def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Row i's token: the first whose cumulative probability passes u[i] times the row's total.
-
-    One uniform per row instead of one per vocabulary entry: drawing 49k numbers a row
-    from torch's CPU generator cost more than the model's step at 64 rows. The search goes
-    in two levels (blocks of 1024 tokens, then within the block) with the sums in
-    float64, so neither a long float32 prefix sum nor a pass over the whole vocabulary
-    in float64 is needed; rounding cannot give a token a probability it does not have,
-    and a token of probability 0 is never chosen.
-    """
-    rows, vocab = probs.shape
-    block = 1024
-    blocks = -(-vocab // block)
-    if blocks * block != vocab:
-        probs = torch.nn.functional.pad(probs, (0, blocks * block - vocab))
-    parts = probs.view(rows, blocks, block)
-    cdf = parts.sum(dim=-1).double().cumsum(dim=-1)
-    target = _below(u[:, None] * cdf[:, -1:], cdf[:, -1:])
-    j = torch.searchsorted(cdf, target, right=True).clamp_max_(blocks - 1)  # a block with mass
-    target = target - torch.where(j > 0, cdf.gather(1, (j - 1).clamp_min(0)), 0.0)
-    inner = parts[torch.arange(rows, device=probs.device), j[:, 0]].double().cumsum(dim=-1)
-    i = torch.searchsorted(inner, _below(target, inner[:, -1:]), right=True).clamp_max_(block - 1)
-    return (j * block + i)[:, 0]
-
-
-def _below(target: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-    """target, kept under total: the search then lands on a token that has probability."""
-    return torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
+def filtered_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """softmax of x after each row's temperature, top-k/top-p and min-p (rows all non-greedy)."""
+    dev = x.device
+    temps = torch.tensor([p.temperature for p in params], device=dev)
+    x = x / temps[:, None]
+    if any(p.top_k > 0 or p.top_p < 1 for p in params):
+        top_k = torch.tensor([p.top_k for p in params], device=dev)
+        top_p = torch.tensor([p.top_p for p in params], device=dev)
+        x = top_k_top_p(x, top_k, top_p)
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=dev)
+        x = apply_min_p(x, min_p)
+    return torch.softmax(x, dim=-1)
 
 
 def apply_penalties(x: torch.Tensor, rows: list[SamplingRow]) -> None:
@@ -291,18 +279,25 @@ def apply_min_p(x: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return x.masked_fill(x < floor, -torch.inf)
 
 
-def compute_logprobs(
-    logits: torch.Tensor, rows: list[SamplingRow], token_ids: list[int]
-) -> list[TokenLogprobs | None]:
-    """Sampled-token logprob, rank and top-k from the raw model distribution."""
-    out: list[TokenLogprobs | None] = [None] * len(rows)
-    idx = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
-    if idx:
-        picked = logits[torch.tensor(idx, device=logits.device)] if len(idx) < len(rows) else logits
-        lps = token_logprobs(picked, [token_ids[i] for i in idx], [rows[i].params.logprobs or 0 for i in idx])
-        for i, lp in zip(idx, lps):
-            out[i] = lp
-    return out
+def add_logprobs(logits: torch.Tensor, rows: list[SamplingRow], drafts: list[Draft], verdicts: list[Verdict]
+                 ) -> None:
+    """Each emitted token's logprob, rank and top-k from the raw model distribution of its row."""
+    picked: list[int] = []
+    tokens: list[int] = []
+    first = 0
+    for d, v in zip(drafts, verdicts):
+        if rows[first].params.logprobs is not None:
+            picked += range(first, first + len(v.token_ids))
+            tokens += v.token_ids
+            v.logprobs = []
+        first += len(d.tokens) + 1
+    if not picked:
+        return
+    chosen = logits[torch.tensor(picked, device=logits.device)] if len(picked) < len(rows) else logits
+    lps = iter(token_logprobs(chosen, tokens, [rows[i].params.logprobs or 0 for i in picked]))
+    for v in verdicts:
+        if v.logprobs is not None:
+            v.logprobs.extend(next(lps) for _ in v.token_ids)
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: list[int], ks: list[int]) -> list[TokenLogprobs]:

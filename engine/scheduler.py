@@ -23,6 +23,8 @@ class Batch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) blocks to copy first
+    # Per sequence: how many speculative tokens it may propose; its num_new already counts them.
+    spec_allow: list[int] = field(default_factory=list)
     # What scheduling this step did, as increments.
     num_preempted: int = 0
     prefix_query_tokens: int = 0
@@ -34,8 +36,12 @@ class Batch:
 
 class Scheduler:
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 policy: str = "fcfs") -> None:
+                 policy: str = "fcfs", num_spec: int = 0, spec_max_batch: int | None = None) -> None:
         self.kv_manager = kv_manager
+        # Speculative decoding: a decoding sequence may get num_spec extra query positions (and
+        # their KV slots) while no more than spec_max_batch sequences run.
+        self.num_spec = num_spec
+        self.spec_max_batch = spec_max_batch
         self.by_priority = policy == "priority"
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -82,6 +88,9 @@ class Scheduler:
         # give way when blocks run out.
         if self.by_priority:
             self.running.sort(key=_rank)
+        spec = self.num_spec
+        if self.spec_max_batch is not None and len(self.running) > self.spec_max_batch:
+            spec = 0
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -91,6 +100,11 @@ class Scheduler:
             if len(batch.seqs) >= cap:
                 break
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            allow = 0
+            if spec and num_new == 1 and seq.num_tokens - seq.num_computed_tokens == 1:
+                # never past max_tokens: the step emits at most allow + 1 tokens
+                allow = max(0, min(spec, budget - 1, seq.max_tokens - seq.num_output_tokens - 1))
+            num_new += allow
             while not kv.allocate(seq, num_new):
                 victim = self._victim()
                 self._preempt(victim)
@@ -100,6 +114,7 @@ class Scheduler:
             else:
                 batch.seqs.append(seq)
                 batch.num_new.append(num_new)
+                batch.spec_allow.append(allow)
                 budget -= num_new
                 i += 1
                 continue
@@ -129,6 +144,7 @@ class Scheduler:
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new.append(num_new)
+            batch.spec_allow.append(0)
             budget -= num_new
 
         batch.copies = kv.take_copies()
@@ -142,7 +158,8 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Free everything the sequence holds; it is recomputed from its known tokens later."""
         self.kv_manager.free(seq)
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.num_draft_computed = 0
+        seq.spec_token_ids, seq.spec_probs = [], None
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         if self.by_priority:

@@ -51,6 +51,12 @@ class Sequence:
     # In a pipeline's batch whose logits have not come back: not scheduled or preempted again
     # until they do (its next token is unknown and its KV is being written).
     in_flight: bool = False
+    # Speculative decoding: the tokens proposed for this step, which follow token_ids but are
+    # not part of it until verified; the draft model's distributions they were drawn from
+    # (None when proposed deterministically); how many positions hold the draft model's KV.
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_probs: torch.Tensor | None = None
+    num_draft_computed: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -3,7 +3,7 @@ demand), and the tracker that keeps them next to the scheduler."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -18,6 +18,12 @@ class StepStats:
     preemptions: int = 0
     prefix_cache_query_tokens: int = 0
     prefix_cache_hit_tokens: int = 0
+    # Speculative decoding, as vLLM's spec_decode counters: sequences that proposed, tokens
+    # proposed, tokens accepted, and accepted tokens by their position in the proposal.
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: dict[int, int] = field(default_factory=dict)
     num_running: int = 0
     num_waiting: int = 0
     blocks_free: int = 0
@@ -47,6 +53,21 @@ class EngineStats:
     generation_tokens: int
     quantization: str | None = None  # the weights' format in force: None (the dtype), "gguf" or "int8"
     weight_bytes: int = 0  # what the model's weights take in memory (this process's part)
+    spec_method: str | None = None  # speculative_config.method in force, if any
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)  # index j: drafts whose token j was accepted
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted over proposed tokens (0 before any proposal)."""
+        return self.spec_num_accepted_tokens / self.spec_num_draft_tokens if self.spec_num_draft_tokens else 0.0
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens a speculating step emits on average: its accepted drafts plus the target's own."""
+        return 1 + self.spec_num_accepted_tokens / self.spec_num_drafts if self.spec_num_drafts else 0.0
 
 
 class StatsTracker:
@@ -54,9 +75,11 @@ class StatsTracker:
     from the scheduler and the block pool."""
 
     def __init__(self, scheduler: Any, kv_manager: Any, quantization: str | None = None,
-                 weight_bytes: int = 0) -> None:
+                 weight_bytes: int = 0, spec_method: str | None = None, num_spec: int = 0) -> None:
         self.scheduler, self.kv_manager = scheduler, kv_manager
         self.quantization, self.weight_bytes = quantization, weight_bytes
+        self.spec_method = spec_method
+        self.accepted_per_pos = [0] * num_spec
         self.totals = StepStats()
         self._waste_sum = 0.0
         self._waste_steps = 0
@@ -86,6 +109,11 @@ class StatsTracker:
         t.preemptions += stats.preemptions
         t.prefix_cache_query_tokens += stats.prefix_cache_query_tokens
         t.prefix_cache_hit_tokens += stats.prefix_cache_hit_tokens
+        t.spec_drafts += stats.spec_drafts
+        t.spec_draft_tokens += stats.spec_draft_tokens
+        t.spec_accepted_tokens += stats.spec_accepted_tokens
+        for j, n in stats.spec_accepted_per_pos.items():
+            self.accepted_per_pos[j] += n
 
     def snapshot(self) -> EngineStats:
         """Read now: call it between steps."""
@@ -110,4 +138,9 @@ class StatsTracker:
             generation_tokens=t.generation_tokens,
             quantization=self.quantization,
             weight_bytes=self.weight_bytes,
+            spec_method=self.spec_method,
+            spec_num_drafts=t.spec_drafts,
+            spec_num_draft_tokens=t.spec_draft_tokens,
+            spec_num_accepted_tokens=t.spec_accepted_tokens,
+            spec_accepted_per_pos=list(self.accepted_per_pos),
         )

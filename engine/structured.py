@@ -92,13 +92,34 @@ class Grammars:
         xgr = self._xgr()
         return Matcher(xgr.GrammarMatcher(self.compile(so)))
 
-    def apply_masks(self, logits: torch.Tensor, rows: list[int], matchers: list[Matcher]) -> None:
-        """Set to -inf, in place, every token the matchers' grammars forbid next."""
+    def apply_masks(self, logits: torch.Tensor, rows: list[int], matchers: list[Matcher],
+                    aheads: list[list[int]] | None = None) -> None:
+        """Set to -inf, in place, every token the matchers' grammars forbid next. A row with
+        tokens `ahead` (speculative ones, not yet accepted) gets the mask after them: its
+        matcher takes them, fills the row, and rolls back. Should the grammar refuse one,
+        the row stays unmasked: verification stops at the refused token, before this row."""
         xgr = self._xgr()
         if self._batch is None:
             self._batch = xgr.BatchGrammarMatcher()
         bitmask = xgr.allocate_token_bitmask(len(rows), self.vocab_size)
-        self._batch.batch_fill_next_token_bitmask([m.state for m in matchers], bitmask)
+        plain = [i for i in range(len(rows)) if not aheads or not aheads[i]]
+        if len(plain) == len(rows):
+            self._batch.batch_fill_next_token_bitmask([m.state for m in matchers], bitmask)
+        else:
+            if plain:
+                self._batch.batch_fill_next_token_bitmask([matchers[i].state for i in plain], bitmask, plain)
+            for i in range(len(rows)):
+                if aheads and aheads[i]:
+                    state = matchers[i].state
+                    taken = 0
+                    for tok in aheads[i]:
+                        if state.is_terminated() or not state.accept_token(tok):
+                            break
+                        taken += 1
+                    if taken == len(aheads[i]) and not state.is_terminated():
+                        state.fill_next_token_bitmask(bitmask, i)
+                    if taken:
+                        state.rollback(taken)
         if logits.shape[1] > self.vocab_size:  # padded vocab: the padding is never a token
             logits[rows, self.vocab_size:] = -torch.inf
         # Row i of the bitmask belongs to logits row rows[i]: expand it in place, no copy.
