@@ -58,16 +58,8 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = field(default_factory=list)  # index j: drafts whose token j was accepted
-
-    @property
-    def spec_acceptance_rate(self) -> float:
-        """Accepted over proposed tokens (0 before any proposal)."""
-        return self.spec_num_accepted_tokens / self.spec_num_draft_tokens if self.spec_num_draft_tokens else 0.0
-
-    @property
-    def spec_mean_accepted_length(self) -> float:
-        """Tokens a speculating step emits on average: its accepted drafts plus the target's own."""
-        return 1 + self.spec_num_accepted_tokens / self.spec_num_drafts if self.spec_num_drafts else 0.0
+    spec_acceptance_rate: float = 0.0  # accepted over proposed tokens
+    spec_mean_accepted_length: float = 0.0  # tokens a speculating step emits: accepted drafts + the target's own
 
 
 class StatsTracker:
@@ -143,4 +135,6 @@ class StatsTracker:
             spec_num_draft_tokens=t.spec_draft_tokens,
             spec_num_accepted_tokens=t.spec_accepted_tokens,
             spec_accepted_per_pos=list(self.accepted_per_pos),
+            spec_acceptance_rate=t.spec_accepted_tokens / t.spec_draft_tokens if t.spec_draft_tokens else 0.0,
+            spec_mean_accepted_length=1 + t.spec_accepted_tokens / t.spec_drafts if t.spec_drafts else 0.0,
         )

@@ -69,6 +69,13 @@ class EngineMetrics:
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that reached decoding.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
         self.preemptions = counter("num_preemptions", "Sequences preempted to free KV blocks.")
+        self.spec_drafts = counter("spec_decode_num_drafts", "Speculative proposals verified.")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Speculative tokens proposed.")
+        self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Speculative tokens accepted.")
+        self._spec_per_pos = prom.Counter(f"{p}:spec_decode_num_accepted_tokens_per_pos",
+                                          "Speculative tokens accepted, by their position in the proposal.",
+                                          labelnames=["model_name", "position"],
+                                          **({"registry": registry} if registry is not None else {}))
         self._success = prom.Counter(f"{p}:request_success", "Finished requests by finish reason.",
                                      labelnames=["model_name", "finished_reason"],
                                      **({"registry": registry} if registry is not None else {}))
@@ -135,9 +142,14 @@ class EngineMetrics:
                                (stats.prefix_cache_hit_tokens, self.prefix_hits),
                                (stats.preemptions, self.preemptions),
                                (stats.generation_tokens, self.generation_tokens),
-                               (stats.prompt_tokens, self.prompt_tokens)):
+                               (stats.prompt_tokens, self.prompt_tokens),
+                               (stats.spec_drafts, self.spec_drafts),
+                               (stats.spec_draft_tokens, self.spec_draft_tokens),
+                               (stats.spec_accepted_tokens, self.spec_accepted)):
             if grown > 0:
                 counter.inc(grown)
+        for pos, n in stats.spec_accepted_per_pos.items():
+            self._spec_per_pos.labels(self._model_name, str(pos)).inc(n)
 
 
 _CACHE: dict[str, EngineMetrics] = {}
