@@ -11,8 +11,17 @@ time goes; `--no-hf` leaves transformers out; `--peer llama` adds llama.cpp's
 llama-server on the same GGUF file and the same token ids, with every core
 (scripts/peers/setup_llama_server.sh builds it under .peers/).
 
+Speculative decoding: `--workload grounded` (requests that copy their input: rewrite,
+extract, quote, edit code) or `--workload chat` (open chat) from scripts/workloads.py,
+each request greedy until eos or --new-tokens, and `--speculative` a JSON list of
+speculative_config values, each an engine of its own beside the unspeculated one.
+Greedy output is the same with and without speculation, so every side decodes the same
+tokens. `--rounds N` repeats all sides N times in turn and prints each round's ratio.
+
     python scripts/bench_latency.py --dtype float32
     python scripts/bench_latency.py --prompt-len 256 --quantization gguf,int8 --no-hf --peer llama
+    python scripts/bench_latency.py --workload grounded --no-hf --rounds 3 \
+        --speculative '[{"method": "ngram"}, {"method": "draft", "quantization": "gguf"}]'
 """
 
 from __future__ import annotations
@@ -37,18 +46,26 @@ from engine import LLM, SamplingParams
 from engine.models import loader
 
 
-def ours(llm: LLM, prompt: list[int], new: int) -> tuple[float, float]:
-    """(TTFT s, decode tok/s) from the engine's own step loop."""
+def ours(llm: LLM, prompt: list[int], new: int, ignore_eos: bool = True) -> tuple[float, float, int]:
+    """(TTFT s, decode s, tokens) from the engine's own step loop."""
     eng = llm.engine
-    eng.add_request("lat", prompt, SamplingParams(temperature=0, max_tokens=new, ignore_eos=True))
+    eng.add_request("lat", prompt, SamplingParams(temperature=0, max_tokens=new, ignore_eos=ignore_eos))
     start = time.perf_counter()
     first = None
+    tokens = 0
     while eng.has_unfinished():
         step = eng.step()
-        if first is None and any(o.deltas for o in step.outputs):
+        tokens += sum(len(d.token_ids) for o in step.outputs for d in o.deltas)
+        if first is None and tokens:
             first = time.perf_counter()
     end = time.perf_counter()
-    return first - start, (new - 1) / (end - first)
+    return first - start, end - first, tokens
+
+
+def ours_workload(llm: LLM, prompts: list[list[int]], new: int) -> tuple[float, float]:
+    """(mean TTFT s, decode tok/s over every request's tokens after its first)."""
+    runs = [ours(llm, p, new, ignore_eos=False) for p in prompts]
+    return statistics.mean(r[0] for r in runs), sum(r[2] - 1 for r in runs) / sum(r[1] for r in runs)
 
 
 def profile(llm: LLM, prompt: list[int], new: int) -> str:
@@ -116,13 +133,27 @@ def llama(url: str, prompt: list[int], new: int) -> tuple[float, float]:
 
 
 def one_side(args, prompt: list[int]) -> None:
-    """One engine (fp, or `--one gguf|int8`) in this process: warm, measure, print JSON."""
+    """One engine (fp, `--one gguf|int8`, or `--spec` one speculative_config) in this process:
+    warm, measure, print JSON."""
+    spec = json.loads(args.spec) if args.spec else None
     llm = LLM(None, dtype=args.dtype, quantization=args.one or None, enable_prefix_caching=False,
-              max_model_len=2048)
+              max_model_len=2048, speculative_config=spec)
     ours(llm, prompt[:32], 4)
-    runs = [ours(llm, prompt, args.new_tokens) for _ in range(args.repeats)]
+    if args.workload == "random":
+        runs = []
+        for _ in range(args.repeats):
+            ttft, decode, tokens = ours(llm, prompt, args.new_tokens)
+            runs.append((ttft, (tokens - 1) / decode))
+    else:
+        from workloads import prompts  # scripts/ is on sys.path when run as a script
+
+        runs = [ours_workload(llm, prompts(llm.tokenizer, args.workload), args.new_tokens)
+                for _ in range(args.repeats)]
     text = profile(llm, prompt, args.new_tokens) if args.profile else ""
-    print(json.dumps({"runs": runs, "profile": text}))
+    s = llm.stats()
+    accept = (f"acceptance {s.spec_acceptance_rate:.1%}, {s.spec_mean_accepted_length:.2f} tokens a step, "
+              f"per position {s.spec_accepted_per_pos}" if spec else "")
+    print(json.dumps({"runs": runs, "profile": text, "acceptance": accept}))
 
 
 def main() -> None:
@@ -135,7 +166,13 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true", help="leave transformers out")
     ap.add_argument("--peer", choices=["llama"], help="also llama-server on the same GGUF")
     ap.add_argument("--profile", action="store_true", help="per-step breakdown of each engine's decode")
+    ap.add_argument("--workload", default="random", choices=["random", "chat", "grounded"],
+                    help="random: one --prompt-len prompt of random tokens, ignoring eos; chat/grounded: "
+                         "scripts/workloads.py, until eos or --new-tokens")
+    ap.add_argument("--speculative", default="[]", help="JSON list of speculative_config values to add")
+    ap.add_argument("--rounds", type=int, default=1, help="run every side this many times in turn")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one engine side, print JSON
+    ap.add_argument("--spec", help=argparse.SUPPRESS)  # internal: that side's speculative_config
     args = ap.parse_args()
 
     files = loader.resolve(None)
@@ -144,10 +181,15 @@ def main() -> None:
     prompt = [rng.randrange(100, vocab) for _ in range(args.prompt_len)]
     if args.one is not None:
         return one_side(args, prompt)
+    if args.workload != "random" and (not args.no_hf or args.peer):
+        ap.error("--workload chat/grounded compares our engines only: add --no-hf, leave out --peer")
     # Each engine runs in a process of its own: engines sharing one process slowed the
     # second one's prefill by about 20% (its dequantized GEMMs), which no user sees.
-    sides: list[tuple[str, object, object]] = [("engine", None, "")]
-    sides += [(f"engine {mode}", None, mode) for mode in filter(None, args.quantization.split(","))]
+    sides: list[tuple[str, object, object]] = [("engine", None, ("", ""))]
+    sides += [(f"engine {mode}", None, (mode, "")) for mode in filter(None, args.quantization.split(","))]
+    for spec in json.loads(args.speculative):
+        label = spec["method"] + "".join(f" {k}={v}" for k, v in spec.items() if k != "method")
+        sides.append((f"engine spec {label}", None, ("", json.dumps(spec))))
     if not args.no_hf:
         from transformers import AutoModelForCausalLM
 
@@ -157,31 +199,46 @@ def main() -> None:
     if args.peer == "llama":
         sides.append(("llama-server", llama, stack.enter_context(
             llama_server(loader.default_model_path(), max(2048, args.prompt_len + args.new_tokens)))))
-    results, profiles = {}, {}
-    for name, fn, target in sides:
-        if fn is None:
-            out = json.loads(subprocess.run(
-                [sys.executable, __file__, "--one", target, "--dtype", args.dtype, "--prompt-len",
-                 str(args.prompt_len), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
-                + (["--profile"] if args.profile else []),
-                capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
-            runs, profiles[name] = out["runs"], out["profile"]
-        else:
-            fn(target, prompt[:32], 4)  # warm
-            runs = [fn(target, prompt, args.new_tokens) for _ in range(args.repeats)]
-        ttft = statistics.median(r[0] for r in runs)
-        rate = statistics.median(r[1] for r in runs)
-        spread = (max(r[1] for r in runs) - min(r[1] for r in runs)) / rate
-        results[name] = (ttft, rate)
-        print(f"{name:13s} TTFT {ttft * 1000:7.1f} ms   decode {rate:6.1f} tok/s   (decode spread {spread:.1%})")
+    width = max(len(name) for name, _, _ in sides)
+    rounds: list[dict[str, tuple[float, float]]] = []
+    profiles, accepts = {}, {}
+    for r in range(args.rounds):
+        results: dict[str, tuple[float, float]] = {}
+        for name, fn, target in sides:
+            if fn is None:
+                mode, spec = target  # type: ignore[misc]
+                out = json.loads(subprocess.run(
+                    [sys.executable, __file__, "--one", mode, "--dtype", args.dtype, "--prompt-len",
+                     str(args.prompt_len), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
+                     "--workload", args.workload] + (["--spec", spec] if spec else [])
+                    + (["--profile"] if args.profile else []),
+                    capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+                runs, profiles[name], accepts[name] = out["runs"], out["profile"], out["acceptance"]
+            else:
+                fn(target, prompt[:32], 4)  # warm
+                runs = [fn(target, prompt, args.new_tokens) for _ in range(args.repeats)]
+            ttft = statistics.median(r[0] for r in runs)
+            rate = statistics.median(r[1] for r in runs)
+            spread = (max(r[1] for r in runs) - min(r[1] for r in runs)) / rate
+            results[name] = (ttft, rate)
+            print(f"{name:{width}s} TTFT {ttft * 1000:7.1f} ms   decode {rate:6.1f} tok/s   "
+                  f"(decode spread {spread:.1%})" + (f"   {accepts[name]}" if accepts.get(name) else ""))
+        rounds.append(results)
+        if args.rounds > 1:
+            print(f"-- round {r + 1} of {args.rounds} done")
     stack.close()
     for name, text in profiles.items():
         if text:
             print(f"{name}: {text}")
-    t_ours, r_ours = results["engine"]
-    for name, (t, r) in results.items():
-        if name != "engine":
-            print(f"{name} / engine fp: decode {r / r_ours:.2f}x, TTFT {t_ours / t:.2f}x (higher is better)")
+    results = rounds[-1]
+    for name in results:
+        if name == "engine":
+            continue
+        decode = [rd[name][1] / rd["engine"][1] for rd in rounds]
+        ttft = [rd["engine"][0] / rd[name][0] for rd in rounds]
+        print(f"{name} / engine fp: decode {statistics.median(decode):.2f}x "
+              f"(rounds: {', '.join(f'{x:.2f}' for x in decode)}), TTFT {statistics.median(ttft):.2f}x "
+              "(higher is better)")
     if "llama-server" in results:
         t_peer, r_peer = results["llama-server"]
         for name, (t, r) in results.items():
