@@ -73,7 +73,7 @@ class LLMEngine:
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed, grammars=self.grammars)
         self.proposer = None if sc is None else spec.create(
             sc, draft, config, placement, resolved.num_blocks, resolved.attention_backend, self.kv_manager,
-            make_generator(config.seed + 1))
+            make_generator(config.seed + 1), self.executor.runner.cores)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self.tracker = StatsTracker(self.scheduler, self.kv_manager, config.quantization,

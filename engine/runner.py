@@ -114,7 +114,7 @@ def prepare(batch: Batch, kv_manager: KVCacheManager) -> StepInput:
     computed = np.array([r.num_computed_tokens for r in reqs], dtype=np.int64)
     seq_lens = computed + num_new
     # A speculating sequence's query runs past its known tokens into its proposed ones.
-    tokens = [(r.token_ids[c:c + n] if not r.spec_token_ids else (r.token_ids + r.spec_token_ids)[c:c + n])
+    tokens = [r.token_ids[c:c + n] + r.spec_token_ids[:max(0, c + n - r.num_tokens)]
               for r, c, n in zip(reqs, computed.tolist(), num_new.tolist())]
     ids, positions, slots, table_np, starts = flatten(
         tokens, computed.tolist(), [kv_manager.block_ids(r) for r in reqs], kv_manager.block_size)

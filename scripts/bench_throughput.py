@@ -11,11 +11,15 @@ Prints output tokens/s per run, the spread of our runs, the ratios and mean KV w
 `--profile` adds a per-step breakdown of where our time goes; `--structured` runs the
 workload again with every request held to a JSON schema, for the cost of the grammar.
 `--tp N` / `--pp N` run our engine tensor- or pipeline-parallel over gloo processes and
-then, as the peer, the same engine in one process (`--peer self`).
+then, as the peer, the same engine in one process (`--peer self`). `--speculative JSON`
+builds a second engine with that speculative_config and alternates runs with the plain
+one; `--workload grounded` replaces the random prompts by scripts/workloads.py's
+input-grounded chat requests (cycled to --num-requests, greedy, ignoring eos).
 
     python scripts/bench_throughput.py --dtype float32 --peer vllm --runs 3
     python scripts/bench_throughput.py --dtype bfloat16 --peer hf --profile
     python scripts/bench_throughput.py --tp 2 --num-requests 16
+    python scripts/bench_throughput.py --runs 3 --workload grounded --speculative '{"method": "ngram"}'
 """
 
 from __future__ import annotations
@@ -49,12 +53,22 @@ def workload(n: int, seed: int, vocab: int) -> list[tuple[list[int], int]]:
     return reqs
 
 
+def grounded(n: int, seed: int, model_dir: str | None) -> list[tuple[list[int], int]]:
+    """scripts/workloads.py's input-grounded requests, cycled to n, outputs of 64-256 tokens."""
+    from engine.models import loader as _loader
+    from workloads import prompts
+
+    rng = random.Random(seed)
+    base = prompts(_loader.load_tokenizer(_loader.resolve(model_dir)), "grounded")
+    return [(base[i % len(base)], rng.randint(64, 256)) for i in range(n)]
+
+
 def make_engine(model_dir: str | None, dtype: str, args, tp: int = 1, pp: int = 1,
-                quantization: str | None = None) -> LLM:
+                quantization: str | None = None, speculative: dict | None = None) -> LLM:
     return LLM(model_dir, dtype=dtype, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_bytes=args.kv_bytes,
                enable_prefix_caching=False, attention_backend=args.backend, tensor_parallel_size=tp,
-               pipeline_parallel_size=pp, quantization=quantization)
+               pipeline_parallel_size=pp, quantization=quantization, speculative_config=speculative)
 
 
 def run_engine(llm: LLM, reqs) -> float:
@@ -163,6 +177,8 @@ def main() -> None:
     ap.add_argument("--static-batch", type=int, default=16)
     ap.add_argument("--peer-defaults", action="store_true",
                     help="vLLM as it comes (one core kept for its API process); default: every core, as ours")
+    ap.add_argument("--workload", default="random", choices=["random", "grounded"])
+    ap.add_argument("--speculative", default=None, help="a speculative_config (JSON) to run beside the plain engine")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if args.peer is None:
@@ -170,7 +186,10 @@ def main() -> None:
 
     files = loader.resolve(args.model)
     config = loader.load_config(files)
-    reqs = workload(args.num_requests, args.seed, config.vocab_size)
+    if args.workload == "grounded":
+        reqs = grounded(args.num_requests, args.seed, args.model)
+    else:
+        reqs = workload(args.num_requests, args.seed, config.vocab_size)
     total_out = sum(out for _, out in reqs)
     print(f"workload: {len(reqs)} requests, {sum(len(p) for p, _ in reqs)} prompt tokens, "
           f"{total_out} output tokens; dtype {args.dtype}; torch threads {torch.get_num_threads()}")
@@ -187,9 +206,21 @@ def main() -> None:
         llm = make_engine(args.model, args.dtype, args, args.tp, args.pp)
         print(f"engine start-up {time.perf_counter() - t0:.1f}s, "
               f"attention backend {llm.engine.resolved.attention_backend.name}, tp {args.tp} pp {args.pp}")
+        spec = json.loads(args.speculative) if args.speculative else None
+        sllm = make_engine(args.model, args.dtype, args, args.tp, args.pp, speculative=spec) if spec else None
         for i in range(args.runs):
             results["engine"].append(total_out / run_engine(llm, reqs))
             print(f"engine run {i + 1}: {results['engine'][-1]:8.1f} tok/s")
+            if sllm is not None:  # alternating, so drift on the machine hits both alike
+                results.setdefault("engine_spec", []).append(total_out / run_engine(sllm, reqs))
+                print(f"engine with speculation run {i + 1}: {results['engine_spec'][-1]:8.1f} tok/s "
+                      f"({results['engine_spec'][-1] / results['engine'][-1]:.2f}x the plain run before it)")
+        if sllm is not None:
+            s = sllm.stats()
+            print(f"speculation {spec}: acceptance {s.spec_acceptance_rate:.1%}, "
+                  f"{s.spec_mean_accepted_length:.2f} tokens a speculating step, {s.spec_num_drafts} proposals")
+            sllm.shutdown()
+            del sllm
         stats = llm.stats()
         ours = max(results["engine"])
         spread = (max(results["engine"]) - min(results["engine"])) / min(results["engine"])

@@ -223,3 +223,17 @@ def test_a_worker_dying_at_start_up_fails_the_engine_start_at_once(model_path):
         LLM(model_path("kv1"), tensor_parallel_size=2)
     killer.join()
     assert time.monotonic() - start < 30
+
+
+def test_tensor_parallel_speculation_matches_one_process(model_path, prompts, reference):
+    """A draft model under tp=2: it runs beside rank 0 on rank 0's cores, on block ids the
+    workers' caches share, and greedy output stays tp=1's without speculation."""
+    want_tokens, _ = reference("kv4")
+    spec = {"method": "draft", "num_layers": 1, "num_speculative_tokens": 3}
+    with LLM(model_path("kv4"), dtype="float32", tensor_parallel_size=2, speculative_config=spec) as llm:
+        got_tokens = greedy(llm, prompts)
+        stats = llm.stats()
+    assert stats.spec_num_drafts > 0 and stats.spec_num_accepted_tokens > 0
+    assert stats.blocks_used == 0
+    same = sum(g == w for g, w in zip(got_tokens, want_tokens))
+    assert same >= 30, f"greedy output matched tp=1 on only {same} of 32 prompts"

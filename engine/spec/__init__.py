@@ -87,7 +87,9 @@ def _resolve(model: str) -> loader.ModelFiles:
 
 
 def create(sc: SpeculativeConfig, plan: DraftPlan | None, config: EngineConfig, placement: Placement,
-           num_blocks: int, backend: Any, kv_manager: Any, generator: torch.Generator) -> Proposer:
+           num_blocks: int, backend: Any, kv_manager: Any, generator: torch.Generator,
+           cores: list[int] | None = None) -> Proposer:
+    """`cores`: those the target's runner in this process runs on; the draft runs on the same."""
     if sc.method == "ngram":
         from engine.spec.ngram import NgramProposer
 
@@ -104,5 +106,5 @@ def create(sc: SpeculativeConfig, plan: DraftPlan | None, config: EngineConfig, 
     model = loader.build_model(None if dummy else plan.files, plan.hf_config, plan.dtype, placement.device,
                                max_positions=placement.max_positions, dummy=dummy, seed=config.seed,
                                fused=backend.fused_ops, quantization=sc.quantization)
-    runner = ModelRunner(model, num_blocks, config.block_size, plan.dtype, placement.device, backend)
+    runner = ModelRunner(model, num_blocks, config.block_size, plan.dtype, placement.device, backend, cores)
     return DraftProposer(runner, kv_manager, generator)
