@@ -60,7 +60,10 @@ class SpeculativeConfig(BaseModel):
                "draft": {"model", "quantization", "num_layers"},
                "suffix": {"suffix_max_tree_depth", "suffix_max_cached_requests", "suffix_min_token_prob"}}
         for method, keys in own.items():
-            stray = sorted(keys & self.model_fields_set) if method != self.method else []
+            # a key of another method set to anything but its default (a dump of this config,
+            # which lists every key, round-trips)
+            stray = [] if method == self.method else sorted(
+                k for k in keys if getattr(self, k) != type(self).model_fields[k].default)
             if stray:
                 raise ParamError(f"speculative_config.{stray[0]}",
                                  f"speculative_config.{stray[0]} applies to method {method!r}, not {self.method!r}")

@@ -30,14 +30,14 @@ def _requests(tokenizer) -> tuple[list[list[int]], list[SamplingParams]]:
     prompts = make_prompts(tokenizer, 8, 40)
     quote = [tokenizer.encode(SENTENCES[i] + " " + SENTENCES[i + 1] + " " + SENTENCES[i], add_special_tokens=False)
              for i in (0, 4, 12)]
-    greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     params = [greedy] * (len(prompts) + len(quote))
     prompts += quote
     prompts += [quote[0], prompts[1], prompts[2], prompts[3]]
-    params += [SamplingParams(temperature=0.0, max_tokens=40, n=2),
-               SamplingParams(temperature=0.0, max_tokens=40, stop=["fibonacci", "lamp"]),
+    params += [SamplingParams(temperature=0.0, max_tokens=32, n=2),
+               SamplingParams(temperature=0.0, max_tokens=32, stop=["fibonacci", "lamp"]),
                SamplingParams(temperature=0.0, max_tokens=24, logprobs=3),
-               SamplingParams(temperature=0.0, max_tokens=40, structured=Constraint("json", SCHEMA))]
+               SamplingParams(temperature=0.0, max_tokens=32, structured=Constraint("json", SCHEMA))]
     return prompts, params
 
 
@@ -61,9 +61,8 @@ def baseline(tokenizer, default_model_dir):
 @pytest.mark.parametrize("spec", [
     {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
     {"method": "suffix", "num_speculative_tokens": 4},
-    {"method": "draft", "num_speculative_tokens": 4},  # the identical model
-    {"method": "draft", "num_speculative_tokens": 2, "num_layers": 6},  # a poor draft: mostly rejected
-], ids=["ngram", "suffix", "draft-identical", "draft-6-layers"])
+    {"method": "draft", "num_speculative_tokens": 3},  # the identical model
+], ids=["ngram", "suffix", "draft"])
 def test_speculation_changes_nothing_in_greedy_output(baseline, tokenizer, default_model_dir, spec):
     want, base_stats = baseline
     got, stats = _run(tokenizer, default_model_dir, speculative_config=spec)
@@ -74,10 +73,9 @@ def test_speculation_changes_nothing_in_greedy_output(baseline, tokenizer, defau
     assert stats.spec_num_accepted_tokens <= stats.spec_num_draft_tokens
     assert stats.spec_accepted_per_pos[0] >= stats.spec_accepted_per_pos[-1]
     assert sum(stats.spec_accepted_per_pos) == stats.spec_num_accepted_tokens
-    if spec.get("num_layers") or spec["method"] == "ngram":
-        assert stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens  # rejections were exercised
-    if spec["method"] == "draft" and "num_layers" not in spec:
-        # all but what the draft cannot know: the grammar's masks, and positions it recomputes after preemption
+    # rejections were exercised (the identical draft's come from the grammar, which it does not apply)
+    assert stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens
+    if spec["method"] == "draft":
         assert stats.spec_acceptance_rate > 0.9
     for i, (w, g) in enumerate(zip(want, got)):
         assert [c.token_ids for c in g.outputs] == [c.token_ids for c in w.outputs], f"request {i} diverged"

@@ -24,6 +24,13 @@ def test_the_ngram_preset_streams_several_tokens_per_event(bento_home, tmp_path)
     want = LLM(None, dtype="float32").generate(PROMPT, SamplingParams(temperature=0, max_tokens=40),
                                                use_tqdm=False)[0].outputs[0].text
     preset = (ROOT / "config/cpu-ngram.yaml").read_text().replace("dtype: auto", "dtype: float32")
+    # a small pool and context, as the session server's, so it starts fast
+    for big, small in (("max_model_len: 4096", "max_model_len: 512"), ("max_num_seqs: 64", "max_num_seqs: 32"),
+                       ("max_num_batched_tokens: 2048", "max_num_batched_tokens: 512"),
+                       ("kv_cache_memory_bytes: 2147483648", "kv_cache_memory_bytes: 94371840")):
+        assert big in preset
+        preset = preset.replace(big, small)
+    assert "94371840" in preset and "method: ngram" in preset
     headers = {"Authorization": f"Bearer {KEY}"}
     with serving(bento_home, tmp_path, preset) as srv:
         sizes, text = [], ""
