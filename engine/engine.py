@@ -228,9 +228,9 @@ class LLMEngine:
                 req = self.requests[seq.request_id]
                 family = [seq, *self._fork(req, seq)] if n == 1 else [seq]
                 for s in family:
-                    spec_ids = s.spec_token_ids
+                    spec_ids, done = s.spec_token_ids, s.output_token_ids
                     for j in range(n):
-                        outputs = s.output_token_ids + spec_ids[:j] if j else s.output_token_ids
+                        outputs = done + spec_ids[:j] if j else done
                         rows.append(SamplingRow(s.params, s.generator, s.prompt_token_ids, outputs, s.matcher,
                                                 s.bad_words, spec_ids[:j]))
                         logit_rows.append(first + j)

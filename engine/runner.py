@@ -121,8 +121,10 @@ def prepare(batch: Batch, kv_manager: KVCacheManager) -> StepInput:
 
     sampling_rows = [i for i, r in enumerate(reqs) if seq_lens[i] == r.num_tokens + len(r.spec_token_ids)]
     rows = [1 + len(reqs[i].spec_token_ids) for i in sampling_rows]
-    logits_idx = np.concatenate([np.arange(starts[i + 1] - n, starts[i + 1]) for i, n in zip(sampling_rows, rows)]
-                                or [np.zeros(0, dtype=np.int64)])
+    # each sampling sequence's last rows[i] positions, in order
+    counts = np.array(rows, dtype=np.int64)
+    logits_idx = (np.repeat(starts[1:][sampling_rows] - counts, counts)
+                  + np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
     spans: list[tuple[Sequence, int, int]] = []
     for i, r in enumerate(reqs):
         if r.params.prompt_logprobs is not None:

@@ -72,20 +72,23 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != len(rows) or sum(len(d.tokens) + 1 for d in drafts) != len(rows):
             raise ValueError(f"logits must be [{len(rows)}, vocab] for the drafts' rows, got {list(logits.shape)}")
         x = self.process(logits, rows)
-        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         rand = [i for i, r in enumerate(rows) if not r.params.greedy]
-        # top-k/top-p/min-p all keep the most likely token, so argmax is exact for greedy rows.
-        target = x.argmax(dim=-1) if greedy else torch.empty(len(rows), dtype=torch.long)
-        probs = None
         draws = Draws(self.generator, rows, drafts)
-        if len(rand) == len(rows):
-            probs = self._probs(x, rows)
+        probs = None  # by row; only sampled drafts read it past the target's own draw
+        if not rand:
+            # top-k/top-p/min-p all keep the most likely token, so argmax is exact for greedy rows.
+            target = x.argmax(dim=-1)
+        elif len(rand) == len(rows):
+            probs = filtered_probs(x, [r.params for r in rows])
             target = inverse_cdf(probs, draws.u.to(x.device))
-        elif rand:
+        else:
+            target = x.argmax(dim=-1)
             idx = torch.tensor(rand, device=x.device)
-            probs = torch.zeros_like(x)
-            probs[idx] = self._probs(x[idx], [rows[i] for i in rand])
-            target[idx] = inverse_cdf(probs[idx], draws.u[idx].to(x.device))
+            picked = filtered_probs(x[idx], [rows[i].params for i in rand])
+            target[idx] = inverse_cdf(picked, draws.u[idx].to(x.device))
+            if any(d.probs is not None for d in drafts):
+                probs = torch.zeros_like(x)
+                probs[idx] = picked
         verdicts = rejection_sample(target, probs, drafts, rows, draws, set(self._no_token(x, rows)))
         draws.settle(verdicts)
         add_logprobs(logits, rows, drafts, verdicts)
@@ -128,10 +131,6 @@ class Sampler:
         if row_idx:
             dev = x.device
             x[torch.tensor(row_idx, device=dev), torch.tensor(tok_idx, device=dev)] = -torch.inf
-
-    def _probs(self, x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        """The distribution each (non-greedy) row samples from: temperature, top-k/top-p, min-p."""
-        return filtered_probs(x, [r.params for r in rows])
 
 
 def filtered_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -14,11 +14,11 @@ the bytes of K/V read per second for decode, and the ratio.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from kernels import cpu, reference
+from timing import best  # scripts/ is on sys.path when run as a script
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 CASES = [("decode", 64, 300, 1), ("decode", 64, 600, 1), ("decode", 8, 300, 1),
@@ -34,16 +34,6 @@ def make(seqs: int, ctx: int, q_len: int, dtype: torch.dtype, gen: torch.Generat
     qsl = torch.arange(0, seqs * q_len + 1, q_len, dtype=torch.int32)
     lens = torch.full((seqs,), ctx, dtype=torch.int32)
     return q, k, v, tables, qsl, lens
-
-
-def best(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from bench_cpu_attention import best  # scripts/ is on sys.path when run as a script
+from timing import best  # scripts/ is on sys.path when run as a script
 from engine.models import packed_linear
 from engine.models.quantize import QuantLinear
 from kernels import quant

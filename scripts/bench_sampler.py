@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from bench_cpu_attention import best  # scripts/ is on sys.path when run as a script
+from timing import best  # scripts/ is on sys.path when run as a script
 from engine.sampler import Sampler, SamplingRow
 from engine.sampling_params import SamplingParams
 

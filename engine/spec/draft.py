@@ -18,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-import kernels
 from engine.cdf import inverse_cdf
 from engine.kv_cache_manager import KVCacheManager
 from engine.runner import ModelRunner, StepTensors, flatten
@@ -33,22 +32,19 @@ class DraftProposer:
         self.generator = generator  # for unseeded requests' draws
 
     def propose(self, seqs: list[Sequence], allow: list[int], copies: list[tuple[int, int]]) -> None:
-        if copies:
-            pairs = torch.tensor(copies, dtype=torch.int64)
-            for k, v in self.runner.kv_caches:
-                kernels.copy_blocks(k, v, pairs[:, 0], pairs[:, 1])
         tables = [self.kv.block_ids(s) for s in seqs]
         starts = [min(s.num_draft_computed, s.num_computed_tokens) for s in seqs]
-        logits = self._forward([s.token_ids[c:] for s, c in zip(seqs, starts)], starts, tables)
+        # the step's copies-on-write apply to this cache too, before anything reads it
+        logits = self._forward([s.token_ids[c:] for s, c in zip(seqs, starts)], starts, tables, copies)
         drafts: list[list[int]] = [[] for _ in seqs]
         probs: list[list[torch.Tensor]] = [[] for _ in seqs]
         live = list(range(len(seqs)))
         for j in range(max(allow)):
+            toks, sampled, q = self._draw([seqs[i] for i in live], logits)
             for row, i in enumerate(live):
-                tok, q = self._draw(seqs[i], logits[row])
-                drafts[i].append(tok)
-                if q is not None:
-                    probs[i].append(q)
+                drafts[i].append(toks[row])
+            for n, row in enumerate(sampled):
+                probs[live[row]].append(q[n])  # type: ignore[index]
             live = [i for i in live if allow[i] > j + 1]
             if not live:
                 break
@@ -59,16 +55,22 @@ class DraftProposer:
             seq.spec_probs = torch.stack(qs) if qs else None
             seq.num_draft_computed = seq.num_tokens + len(toks) - 1
 
-    def _draw(self, seq: Sequence, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-        """The draft's next token: its argmax for a greedy request, else a draw from its own
-        distribution under the request's temperature, top-k, top-p and min-p."""
-        if seq.params.greedy:
-            return int(logits.argmax()), None
-        q = filtered_probs(logits[None].float(), [seq.params])
-        u = torch.rand(1, generator=seq.generator or self.generator, dtype=torch.float64)
-        return int(inverse_cdf(q, u)[0]), q[0]
+    def _draw(self, seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[int], list[int], torch.Tensor | None]:
+        """The draft's next token per row: its argmax for a greedy request, else a draw from
+        its own distribution under the request's temperature, top-k, top-p and min-p; with
+        the sampled rows and their distributions (None when every row is greedy)."""
+        tokens = logits.argmax(dim=-1)
+        sampled = [r for r, s in enumerate(seqs) if not s.params.greedy]
+        if not sampled:
+            return tokens.tolist(), sampled, None
+        q = filtered_probs(logits[sampled].float(), [seqs[r].params for r in sampled])
+        u = torch.cat([torch.rand(1, generator=seqs[r].generator or self.generator, dtype=torch.float64)
+                       for r in sampled])
+        tokens[sampled] = inverse_cdf(q, u)
+        return tokens.tolist(), sampled, q
 
-    def _forward(self, tokens: list[list[int]], first: list[int], tables: list[list[int]]) -> torch.Tensor:
+    def _forward(self, tokens: list[list[int]], first: list[int], tables: list[list[int]],
+                 copies: list[tuple[int, int]] = ()) -> torch.Tensor:
         """The draft's logits after each sequence's tokens (single-token queries run first,
         as the decode kernel wants); rows in the order given."""
         order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]) != 1)
@@ -80,7 +82,8 @@ class DraftProposer:
             slot_mapping=torch.from_numpy(slots), block_tables=torch.from_numpy(table_np),
             query_start_loc=torch.from_numpy(starts.astype(np.int64)), seq_lens=torch.from_numpy(lens),
             logits_indices=torch.from_numpy((starts[1:] - 1).astype(np.int64)),
-            copies=torch.zeros(0, 2, dtype=torch.int64), num_decodes=sum(len(t) == 1 for t in tokens))
+            copies=torch.tensor(list(copies), dtype=torch.int64).view(-1, 2),
+            num_decodes=sum(len(t) == 1 for t in tokens))
         out = self.runner.forward(step)
         back = torch.empty(len(order), dtype=torch.long)
         back[torch.tensor(order)] = torch.arange(len(order))

@@ -9,24 +9,16 @@ Runs inside vLLM's own venv (.peers/vllm, scripts/setup_vllm_peer.sh), with ever
 
 import argparse
 import os
-import time
+import sys
+from pathlib import Path
 
 import torch
 from vllm import _custom_ops as ops
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # scripts/, for its timer
+from timing import best  # noqa: E402
+
 SHAPES = [(960, 576), (3072, 576), (576, 1536), (49152, 576)]  # qkv, gate_up, down, head (N, K)
-
-
-def best(fn, repeats: int) -> float:
-    # scripts/bench_cpu_attention.py's timer; that module needs the project's venv, not vLLM's
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def main() -> None:
@@ -45,8 +37,9 @@ def main() -> None:
             w, x = torch.randn(n, k).to(dtype), torch.randn(m, k).to(dtype)
             handle = ops.create_onednn_mm(w.t(), 32)
             packed = torch.ops.mkldnn._reorder_linear_weight(w)
-            t_vllm = best(lambda: ops.onednn_mm(handle, x, None), args.repeats)
-            t_ours = best(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), args.repeats)
+            t_vllm = best(lambda: ops.onednn_mm(handle, x, None), args.repeats, warmup=3)
+            t_ours = best(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), args.repeats,
+                           warmup=3)
             flop = 2 * m * n * k / 1e9
             print(f"{m:>5} {n:>6} {k:>5} {flop / t_vllm:13.1f} {flop / t_ours:13.1f}")
 
