@@ -37,6 +37,7 @@ from engine.serving.handlers import OpenAIServing
 from engine.serving.metrics import engine_metrics
 from engine.serving.preset import load_preset
 from engine.serving.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from engine.serving.response_store import ResponseStore
 
 logger = logging.getLogger("pagedserve")
 
@@ -79,8 +80,8 @@ _TRAFFIC = {k: v for k, v in PRESET.service.traffic.model_dump().items() if v is
 _RESOURCES = {k: v for k, v in PRESET.service.resources.model_dump().items() if v is not None}
 
 
-@bentoml.asgi_app(create_app(_current_serving, PRESET.service.max_body_bytes, PRESET.service.request_timeout),
-                  path="/")
+@bentoml.asgi_app(create_app(_current_serving, PRESET.service.max_body_bytes, PRESET.service.request_timeout,
+                             PRESET.service.unknown_fields), path="/")
 @bentoml.service(name="pagedserve", traffic=_TRAFFIC, workers=PRESET.service.workers, resources=_RESOURCES)
 class LLMService:
     if MODEL_REF is not None:
@@ -100,7 +101,8 @@ class LLMService:
         _claim_cores(PRESET.service.workers, config)
         self.llm = AsyncLLM.start(config, engine_metrics(served), limits)
         aliases = [self.llm.info.hf_id] if self.llm.info.hf_id else []  # clients may also name it by its HF id
-        self.serving = OpenAIServing(self.llm, served, root or self.llm.info.model_name, aliases)
+        store = ResponseStore(**PRESET.service.responses_store.model_dump())
+        self.serving = OpenAIServing(self.llm, served, root or self.llm.info.model_name, aliases, store)
         logger.info("serving %s (max_model_len %d) from %s", served, self.llm.info.max_model_len, root or "embedded")
         self._drain_on_sigterm()
 

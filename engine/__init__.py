@@ -1,5 +1,7 @@
 """A paged-KV LLM inference engine."""
 
+__version__ = "0.1.0"  # pyproject.toml reads it; /version serves it
+
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.outputs import CompletionOutput, RequestOutput

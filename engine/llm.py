@@ -18,13 +18,23 @@ from engine.stats import EngineStats
 Message = dict[str, Any]
 
 
+TEMPLATE_ARGS = ("conversation", "tools", "tokenize", "add_generation_prompt", "return_dict", "documents",
+                 "chat_template", "continue_final_message", "tokenizer_kwargs")
+
+
 def apply_chat_template(tokenizer: Any, conversation: list[Message], add_generation_prompt: bool = True,
-                        tools: list[dict[str, Any]] | None = None) -> list[int]:
-    """Token ids of a conversation through the model's own chat template."""
+                        tools: list[dict[str, Any]] | None = None,
+                        template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """Token ids of a conversation through the model's own chat template; `template_kwargs`
+    are extra variables the template reads (Qwen3's enable_thinking, say)."""
     if not conversation:
         raise ParamError("messages", "messages must not be empty")
+    clash = sorted(set(template_kwargs or ()) & set(TEMPLATE_ARGS))
+    if clash:
+        raise ParamError("chat_template_kwargs", f"chat_template_kwargs may not set {', '.join(clash)}")
     out = tokenizer.apply_chat_template(
-        conversation, tools=tools, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
+        conversation, tools=tools, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False,
+        **(template_kwargs or {}),
     )
     return list(out["input_ids"] if isinstance(out, dict) else out)
 

@@ -15,7 +15,7 @@ STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "struct
 class Constraint:
     """A constraint on the whole output. `spec` is text for every kind: a JSON schema, a
     regex, a JSON list of choices, an EBNF grammar or an xgrammar structural tag (JSON;
-    tool calls use it), and empty for json_object."""
+    tool calls use it), and empty for json_object (any JSON object)."""
 
     kind: str
     spec: str = ""

@@ -69,8 +69,8 @@ class Grammars:
         try:
             if so.kind == "json":
                 grammar = c.compile_json_schema(so.spec, any_whitespace=False)
-            elif so.kind == "json_object":
-                grammar = c.compile_builtin_json_grammar()
+            elif so.kind == "json_object":  # OpenAI's JSON mode promises an object, not any JSON value
+                grammar = c.compile_json_schema('{"type": "object"}', any_whitespace=False)
             elif so.kind == "regex":
                 grammar = c.compile_regex(so.spec)
             elif so.kind == "choice":

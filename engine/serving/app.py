@@ -18,22 +18,26 @@ import logging
 import math
 import os
 import secrets
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.serving import jsontext, tracing
+from engine import __version__
+from engine.serving import jsontext, responses, tracing
 from engine.serving.errors import APIError, bad_request, to_api_error
 from engine.serving.handlers import OpenAIServing
 from engine.serving.openapi import openapi_document
 from engine.serving.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
 )
+from engine.serving.responses_protocol import ResponsesRequest
 
 logger = logging.getLogger(__name__)
 
@@ -45,27 +49,57 @@ OPS_PREFIXES = ("/stats", "/metrics")  # behind the key too when the preset says
 DEADLINE_HEADER = "X-Request-Timeout"  # seconds; a client's own deadline for one request
 
 GetServing = Callable[[], "OpenAIServing | None"]
-Handler = Callable[[OpenAIServing, bytes], Awaitable[Any]]
+Handler = Callable[[OpenAIServing, Any], Awaitable[Any]]
 
 
 def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
-def parse(body: bytes, model: type[BaseModel]) -> Any:
-    """JSON and schema errors become OpenAI 400s naming the offending field."""
+UnknownFields = Literal["reject", "warn"]
+IGNORED_HEADER = "X-Ignored-Fields"  # what a lenient parse dropped, so the client can see it too
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+def parse(body: bytes, model: type[BaseModel], unknown: UnknownFields = "reject") -> tuple[Any, list[str]]:
+    """The request, and the unknown fields dropped from it (`warn`; `reject` makes the
+    first one a 400). JSON and schema errors become OpenAI 400s naming the field."""
     data = jsontext.loads(body)
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        loc = _json_path(data, err["loc"])
-        if err["type"] == "extra_forbidden":  # OpenAI's wording for a field it does not know
-            raise bad_request(f"Unrecognized request argument supplied: {loc}", loc) from None
-        msg = err["msg"].removeprefix("Value error, ")
-        raise bad_request(f"{loc}: {msg}" if loc else msg, loc or None) from None
+    ignored: list[str] = []
+    for _ in range(8):  # each pass drops what it finds; a union can hide a nested one until the next
+        try:
+            return model.model_validate(data), ignored
+        except ValidationError as exc:
+            errs = exc.errors(include_url=False)
+            extra = [e for e in errs if e["type"] == "extra_forbidden"]
+            if unknown == "warn" and extra:
+                for e in extra:
+                    ignored.append(_drop(data, e["loc"]))
+                continue
+            err = extra[0] if extra else errs[0]
+            loc = _json_path(data, err["loc"])
+            if err["type"] == "extra_forbidden":  # OpenAI's wording for a field it does not know
+                raise bad_request(f"Unrecognized request argument supplied: {loc}", loc) from None
+            msg = err["msg"].removeprefix("Value error, ")
+            raise bad_request(f"{loc}: {msg}" if loc else msg, loc or None) from None
+    raise bad_request("too many unrecognized fields: " + ", ".join(ignored[:20]), ignored[0] if ignored else None)
+
+
+def _drop(data: Any, loc: tuple[Any, ...]) -> str:
+    """Remove the unknown key at `loc` from the client's JSON; its path there."""
+    path, node = "", data
+    for part in loc[:-1]:
+        if isinstance(part, int) and isinstance(node, list) and part < len(node):
+            path, node = f"{path}[{part}]", node[part]
+        elif isinstance(part, str) and isinstance(node, dict) and part in node:
+            path, node = f"{path}.{part}", node[part]
+        # else a union member pydantic added to loc: not in the document, skip it
+    key = loc[-1]
+    if isinstance(node, dict):
+        node.pop(key, None)
+    return f"{path}.{key}".lstrip(".")
 
 
 def _json_path(data: Any, loc: tuple[Any, ...]) -> str:
@@ -176,7 +210,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _openai_route(get_serving: GetServing, handler: Handler, max_body: int, request_timeout: float | None
+def _openai_route(get_serving: GetServing, model: type[BaseModel], handler: Handler, max_body: int,
+                  request_timeout: float | None, unknown: UnknownFields
                   ) -> Callable[[Request], Awaitable[Response]]:
     """Wrap a handler: body in, OpenAI error object or JSON or SSE out."""
 
@@ -192,53 +227,67 @@ def _openai_route(get_serving: GetServing, handler: Handler, max_body: int, requ
         try:
             timeout = _deadline(request, request_timeout)
             body = await read_body(request, max_body)  # before the disconnect watcher starts reading
+            req, ignored = parse(body, model, unknown)
         except APIError as exc:
             return error_response(exc)
+        headers = {}
+        if ignored:
+            logger.warning("request %s to %s: ignored unknown fields %s", tracing.REQUEST_ID.get(),
+                           request.url.path, ", ".join(ignored))
+            headers[IGNORED_HEADER] = ", ".join(ignored)[:1024]
         try:
             with tracing.continue_trace(request.headers):  # the request's span joins the caller's trace
-                work = asyncio.ensure_future(handler(serving, body))
+                work = asyncio.ensure_future(handler(serving, req))
             left = None if timeout is None else timeout - (loop.time() - start)
             result = await _unless_disconnected(request, work, left)
         except ClientGone:
             return Response(status_code=499)
         except Exception as exc:  # noqa: BLE001
-            return error_response(to_api_error(exc))
+            err = to_api_error(exc)
+            return JSONResponse(err.body(), status_code=err.status, headers={**err.headers, **headers})
         if isinstance(result, BaseModel):
-            return Response(result.model_dump_json(), media_type="application/json")
+            return Response(result.model_dump_json(), media_type="application/json", headers=headers)
+        if isinstance(result, str):  # JSON kept as text (a stored response)
+            return Response(result, media_type="application/json", headers=headers)
         return StreamingResponse(_sse(result, None if timeout is None else start + timeout),
                                  media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
     return endpoint
 
 
-async def _chat(s: OpenAIServing, body: bytes) -> Any:
-    return await s.chat(parse(body, ChatCompletionRequest))
+async def _chat(s: OpenAIServing, req: ChatCompletionRequest) -> Any:
+    return await s.chat(req)
 
 
-async def _completions(s: OpenAIServing, body: bytes) -> Any:
-    return await s.completion(parse(body, CompletionRequest))
+async def _completions(s: OpenAIServing, req: CompletionRequest) -> Any:
+    return await s.completion(req)
 
 
-async def _tokenize(s: OpenAIServing, body: bytes) -> Any:
-    return await s.tokenize(parse(body, TokenizeRequest))
+async def _tokenize(s: OpenAIServing, req: TokenizeRequest) -> Any:
+    return await s.tokenize(req)
 
 
-async def _detokenize(s: OpenAIServing, body: bytes) -> Any:
-    return s.detokenize(parse(body, DetokenizeRequest))
+async def _detokenize(s: OpenAIServing, req: DetokenizeRequest) -> Any:
+    return s.detokenize(req)
+
+
+async def _responses(s: OpenAIServing, req: ResponsesRequest) -> Any:
+    return await responses.create(s, req)
 
 
 DEFAULT_MAX_BODY = 8 << 20
 
 
 def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
-               request_timeout: float | None = None) -> Starlette:
-    """The OpenAI routes plus /health and /stats, over whatever get_serving returns.
-    Bodies past max_body_bytes are 413s; a request still running after request_timeout
-    seconds (or its X-Request-Timeout header, if shorter) is aborted with a 408."""
+               request_timeout: float | None = None, unknown_fields: UnknownFields = "reject") -> Starlette:
+    """The OpenAI routes plus /health, /stats and /version, over whatever get_serving
+    returns. Bodies past max_body_bytes are 413s; a request still running after
+    request_timeout seconds (or its X-Request-Timeout header, if shorter) is aborted with
+    a 408; unknown fields are 400s or (`warn`) dropped, logged and named in a header."""
 
-    def route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        return _openai_route(get_serving, handler, max_body_bytes, request_timeout)
+    def route(model: type[BaseModel], handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        return _openai_route(get_serving, model, handler, max_body_bytes, request_timeout, unknown_fields)
 
     def live() -> OpenAIServing:
         serving = get_serving()
@@ -280,6 +329,19 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
             return error_response(exc)
         return JSONResponse(await asyncio.to_thread(llm.stats))
 
+    async def stored_response(request: Request) -> Response:
+        rid = request.path_params["response_id"]
+        try:
+            serving = live()
+            if request.method == "DELETE":
+                return Response(responses.delete(serving, rid).model_dump_json(), media_type="application/json")
+            return Response(responses.get(serving, rid), media_type="application/json")
+        except APIError as exc:
+            return error_response(exc)
+
+    async def version(request: Request) -> Response:
+        return JSONResponse({"version": __version__})
+
     async def http_error(request: Request, exc: Exception) -> Response:
         """Unknown paths and methods answer in OpenAI's error shape too, not plain text."""
         status = getattr(exc, "status_code", 500)
@@ -287,17 +349,48 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
         return error_response(APIError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}",
                                        "invalid_request_error", None, code))
 
-    return Starlette(exception_handlers={404: http_error, 405: http_error}, routes=[
-        Route("/v1/chat/completions", route(_chat), methods=["POST"]),
-        Route("/v1/completions", route(_completions), methods=["POST"]),
+    return Starlette(exception_handlers={404: http_error, 405: http_error},
+                     middleware=[Middleware(RequestIdMiddleware)], routes=[
+        Route("/v1/chat/completions", route(ChatCompletionRequest, _chat), methods=["POST"]),
+        Route("/v1/completions", route(CompletionRequest, _completions), methods=["POST"]),
+        Route("/v1/responses", route(ResponsesRequest, _responses), methods=["POST"]),
+        Route("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
-        Route("/tokenize", route(_tokenize), methods=["POST"]),
-        Route("/detokenize", route(_detokenize), methods=["POST"]),
+        Route("/tokenize", route(TokenizeRequest, _tokenize), methods=["POST"]),
+        Route("/detokenize", route(DetokenizeRequest, _detokenize), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/stats", stats, methods=["GET"]),
     ])
+
+
+class RequestIdMiddleware:
+    """X-Request-Id: the client's (bounded, printable) or a new one; echoed on the answer
+    and current while the request runs, so logs and its span carry it."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.lower().encode(), b"")
+        rid = given.decode("latin-1") if 0 < len(given) <= 128 and given.isascii() and given.isprintable() \
+            else uuid.uuid4().hex
+        token = tracing.REQUEST_ID.set(rid)
+
+        async def tagged(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode("latin-1"))]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tagged)
+        finally:
+            tracing.REQUEST_ID.reset(token)
 
 
 class TypedRouteGuard:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.errors import ParamError
+from engine.serving import tracing
 from engine.serving.admission import QueueFullError
 from engine.serving.client import DrainingError, EngineDeadError
 from engine.serving.protocol import ErrorDetail, ErrorResponse
@@ -56,7 +57,7 @@ def to_api_error(exc: BaseException, names: Mapping[str, str] | None = None,
                         {"Retry-After": str(int(exc.retry_after))})
     if isinstance(exc, DrainingError):
         return APIError(503, str(exc), "server_error", None, "shutting_down")
-    ref = request_id or uuid.uuid4().hex[:16]
+    ref = request_id or tracing.REQUEST_ID.get() or uuid.uuid4().hex[:16]
     if isinstance(exc, EngineDeadError):
         logger.error("request %s: %s", ref, exc)
         return APIError(503, f"the engine is not running (request {ref}; the server log has the cause)",

@@ -26,6 +26,7 @@ from engine.serving.admission import Offload
 from engine.serving.async_llm import AsyncLLM, StreamOutput
 from engine.serving.constraints import structured_output, token_keys
 from engine.serving.errors import APIError, bad_request, to_api_error
+from engine.serving.response_store import ResponseStore
 from engine.serving.protocol import (
     ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
     ChatMessage, ChatResponseMessage, ChatStreamChoice, ChatTokenLogprob, CompletionChoice, CompletionChunk,
@@ -38,9 +39,11 @@ from engine.serving.streams import DONE, Choice, Started, absorb, chain, collect
 
 class OpenAIServing:
     def __init__(self, llm: AsyncLLM, served_model_name: str, root: str | None = None,
-                 aliases: Sequence[str] = ()) -> None:
+                 aliases: Sequence[str] = (), store: ResponseStore | None = None) -> None:
         """`aliases`: other names clients may send as `model` (the Hugging Face id, say);
-        responses always name the model by served_model_name."""
+        responses always name the model by served_model_name. `store` keeps the
+        Responses API's stored responses (engine/serving/responses.py)."""
+        self.store = store if store is not None else ResponseStore()
         self.llm = llm
         self.model_name = served_model_name
         self.names = list(dict.fromkeys([served_model_name, *aliases]))
@@ -74,10 +77,12 @@ class OpenAIServing:
         return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=self.llm.info.max_model_len)
 
     async def chat_prompt_async(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
-                                tools: list[Tool] | None = None) -> list[int]:
+                                tools: list[Tool] | None = None,
+                                template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """chat_prompt, off the event loop when the conversation is large."""
         size = sum(len(m.text()) for m in messages) + sum(len(t.model_dump_json()) for t in tools or [])
-        return await self.offload.run(size, self.chat_prompt, messages, add_generation_prompt, tools)
+        return await self.offload.run(size, self.chat_prompt, messages, add_generation_prompt, tools,
+                                      template_kwargs)
 
     async def prompt_ids(self, prompt: str | list[int]) -> list[int]:
         """A completion prompt's ids, tokenized off the loop when the text is large."""
@@ -93,12 +98,12 @@ class OpenAIServing:
         return DetokenizeResponse(prompt=self._tok.decode(req.tokens))
 
     def chat_prompt(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
-                    tools: list[Tool] | None = None) -> list[int]:
+                    tools: list[Tool] | None = None, template_kwargs: dict[str, Any] | None = None) -> list[int]:
         if getattr(self._tok, "chat_template", None) is None:
             raise bad_request("this model has no chat template; send a prompt to /v1/completions", "messages")
         conv, specs = tools_mod.render(messages, tools or [], self._native_tools)
         try:
-            return apply_chat_template(self._tok, conv, add_generation_prompt, specs)
+            return apply_chat_template(self._tok, conv, add_generation_prompt, specs, template_kwargs)
         except ValueError as exc:
             raise to_api_error(exc) from None
         except Exception as exc:  # noqa: BLE001 - jinja raises its own types for bad conversations
@@ -151,37 +156,44 @@ class OpenAIServing:
         return list(zip(firsts, gens, strict=True))  # type: ignore[arg-type]
 
     # -- chat -----------------------------------------------------------------------
-    async def chat(self, req: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[str]:
+    async def start_chat(self, req: ChatCompletionRequest, names: dict[str, str] | None = None
+                         ) -> tuple[str, Started, list[Tool]]:
+        """Render, check and submit a chat request: its id, its primed stream and the tools
+        the model may call. `names` maps engine fields to the client's (the Responses API's)."""
         self.check_model(req.model)
+        _refuse_unservable(req)
         tools = tools_mod.active_tools(req.tools, req.tool_choice)
-        prompt = await self.chat_prompt_async(req.messages, req.add_generation_prompt, tools)
+        prompt = await self.chat_prompt_async(req.messages, req.add_generation_prompt, tools,
+                                              req.chat_template_kwargs)
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        names = {"prompt": "messages", "logprobs": "top_logprobs"}
-        if req.max_completion_tokens is not None:
-            names["max_tokens"] = "max_completion_tokens"
+        if names is None:
+            names = {"prompt": "messages", "logprobs": "top_logprobs"}
+            if req.max_completion_tokens is not None:
+                names["max_tokens"] = "max_completion_tokens"
         forced = tools_mod.constraint(tools, req.tool_choice, req.parallel_tool_calls)
         params = self.sampling_params(req, max_tokens, logprobs, names, forced)
         rid = random_id("chatcmpl")
-        [(first, gen)] = await self._start([prompt], params, rid, req, names, "chat")
+        [started] = await self._start([prompt], params, rid, req, names, "chat")
+        return rid, started, tools
+
+    async def chat(self, req: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[str]:
+        rid, (first, gen), tools = await self.start_chat(req)
         if req.stream:
             return self._chat_stream(rid, first, gen, req.n, req.include_usage, req.continuous_usage, tools)
         choices = [Choice() for _ in range(req.n)]
         last = await collect([(first, gen)], choices, 0, req.n)
         return ChatCompletionResponse(
             id=rid, model=self.model_name, usage=usage([last]),
-            choices=[self._chat_choice(i, c, tools, logprobs is not None) for i, c in enumerate(choices)],
+            choices=[self._chat_choice(i, c, tools, req.logprobs) for i, c in enumerate(choices)],
             prompt_logprobs=self._prompt_logprobs(last))
 
     def _chat_choice(self, index: int, c: Choice, tools: list[Tool], want_logprobs: bool) -> ChatChoice:
         text, calls, finish = c.text, [], c.finish_reason
         if tools:
-            parser = tools_mod.CallParser(tools)
-            head, calls = parser.feed(text)
-            tail, more = parser.finish()
-            text, calls = head + tail, calls + more
+            text, calls = tools_mod.split_calls(text, tools)
             finish = "tool_calls" if calls and finish == "stop" else finish
         return ChatChoice(index=index, message=ChatResponseMessage(content=text or None if calls else text,
                                                                    tool_calls=calls),
@@ -346,6 +358,18 @@ class OpenAIServing:
             out.text_offset.append(offset)
             offset += len(s)
         return out
+
+
+def _refuse_unservable(req: ChatCompletionRequest) -> None:
+    """Fields that would change the answer if honoured, and that this server cannot honour."""
+    if req.modalities is not None and set(req.modalities) - {"text"}:
+        raise bad_request("this server answers in text only; modalities may only be [\"text\"]", "modalities")
+    for name in ("audio", "web_search_options"):
+        if getattr(req, name) is not None:
+            raise bad_request(f"`{name}` is not supported by this server", name)
+    for name in ("functions", "function_call"):
+        if getattr(req, name) is not None:
+            raise bad_request(f"the legacy `{name}` field is not supported; send `tools` and `tool_choice`", name)
 
 
 def _tool_delta(parser: tools_mod.CallParser, text: str, finish: str | None) -> tuple[DeltaMessage, str | None]:

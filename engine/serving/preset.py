@@ -8,6 +8,7 @@ so the service section is validated here by its own strict model.
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -68,6 +69,17 @@ class CORSConfig(BaseModel):
     max_age: int = Field(600, ge=0, description="seconds a browser may cache a preflight's answer")
 
 
+class ResponsesStoreConfig(BaseModel):
+    """Bounds on the Responses API's stored responses (engine/serving/response_store.py),
+    kept in memory per worker and lost on restart; the oldest go first."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_responses: int = Field(1000, ge=0, description="responses kept; 0 stores none")
+    max_bytes: int = Field(64 << 20, ge=0, description="their JSON, with the conversations they continue")
+    max_age_s: float = Field(3600.0, gt=0, description="seconds a stored response lives")
+
+
 class ServiceConfig(BaseModel):
     """What the HTTP layer needs that the engine does not."""
 
@@ -82,6 +94,11 @@ class ServiceConfig(BaseModel):
     drain_timeout: float = Field(60.0, ge=0, description="on SIGTERM, seconds running requests get to finish")
     request_timeout: float | None = Field(None, gt=0, description="seconds before a request is aborted (408); "
                                           "a client's X-Request-Timeout header may shorten it")
+    unknown_fields: Literal["reject", "warn"] = Field(
+        "warn", description="a request field this server does not know: `reject` answers 400 naming it (as "
+        "OpenAI does); `warn` drops it, logs it and names it in the X-Ignored-Fields header (as vLLM does), "
+        "so clients that send their own extras (LangChain, LlamaIndex, Open WebUI) work unchanged")
+    responses_store: ResponsesStoreConfig = ResponsesStoreConfig()
     traffic: TrafficConfig = TrafficConfig()
     queue: QueueConfig = QueueConfig()
     cors: CORSConfig = CORSConfig()

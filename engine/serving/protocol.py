@@ -3,9 +3,13 @@
 Field names, defaults and nesting follow OpenAI's API reference, so the official SDK
 parses every response unchanged. Requests are checked as OpenAI documents them: types
 strictly (`"max_tokens": "12"`, `"n": 2.0` and `"stream": "true"` are 400s, not quietly
-coerced), and a field we do not know is a 400 naming it, because a field we accepted
-and ignored would give the client a wrong answer instead of an error. The fields OpenAI
-itself treats as advisory (`user`, `metadata`, `store`) are accepted. Range checks
+coerced). An explicit `null` means "unset", as OpenAI's spec allows for every optional
+field. A field we do not know is a 400 naming it, or (service.unknown_fields: warn, the
+default) dropped with a warning that names it: see docs/service.md. The fields OpenAI
+itself treats as advisory (`user`, `metadata`, `store`, `service_tier`, ...) are accepted,
+as are the keys OpenAI's own responses carry when a client echoes a message back into
+the history; fields that would change the output and cannot be honoured (audio output,
+web search) are 400s naming them. Range checks
 (temperature >= 0, ...) live in SamplingParams, the one place that knows them; the
 serving layer maps its errors back to these field names. vLLM extensions (top_k,
 min_p, repetition_penalty, ...) are accepted as OpenAI's SDK sends them through
@@ -18,8 +22,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 def random_id(prefix: str) -> str:
@@ -28,6 +31,14 @@ def random_id(prefix: str) -> str:
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        """`"n": null` is the default n, as in OpenAI's spec (LangChain and LlamaIndex send them)."""
+        if isinstance(data, dict) and None in data.values():
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
 
 # -- errors ---------------------------------------------------------------------------
@@ -70,6 +81,13 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
     tool_call_id: str | None = None  # a tool turn: the call it answers
+    # What OpenAI's responses carry, echoed back in the history by clients: checked, not used
+    # (reasoning_content goes to templates that render it, e.g. Qwen3's).
+    refusal: str | None = None
+    annotations: list[dict[str, Any]] | None = None
+    audio: dict[str, Any] | None = None
+    id: str | None = None
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -140,6 +158,9 @@ class SamplingFields(_Request):
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     # vLLM extensions
     top_k: int | None = None
     min_p: float | None = None
@@ -181,6 +202,13 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None  # None: "auto" with tools, "none" without
     parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables, e.g. enable_thinking
+    # Known, and refused when they ask for what this server cannot give (handlers check them).
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -96,6 +96,8 @@ def render(messages: Sequence[ChatMessage], tools: list[Tool], native: bool) -> 
                                      for cid, name, args in calls]
             if role == "tool":
                 msg["tool_call_id"] = m.tool_call_id
+            if m.reasoning_content is not None and role == "assistant":
+                msg["reasoning_content"] = m.reasoning_content  # for templates that render it
             conv.append(msg)
         elif role == "tool":
             conv.append({"role": "user", "content": f"<tool_response>\n{m.text()}\n</tool_response>"})
@@ -126,9 +128,10 @@ def call_text(name: str, arguments: Any) -> str:
 def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> Constraint | None:
     """The grammar a tool choice needs, as an xgrammar structural tag, or None.
 
-    `required` and a named function: one or more calls (one without parallel calls) and
-    nothing else, each naming an offered function (the named one) with arguments that
-    follow its schema. `auto` with a `strict` function: free text, but a call, once
+    `required`: one or more calls (one without parallel calls) and nothing else, each
+    naming an offered function with arguments that follow its schema. A named function:
+    exactly one call to it, as vLLM forces it (a small model would otherwise repeat the
+    call until max_tokens). `auto` with a `strict` function: free text, but a call, once
     begun, must be whole and valid. Otherwise the model is free and its text is parsed.
     """
     forced = choice == "required" or isinstance(choice, NamedToolChoice)
@@ -140,7 +143,7 @@ def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> 
              "end": "}\n" + CLOSE} for t in tools]
     if forced:
         fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
-               "stop_after_first": not parallel}
+               "stop_after_first": not parallel or isinstance(choice, NamedToolChoice)}
     else:
         fmt = {"type": "triggered_tags", "triggers": [OPEN], "tags": tags, "stop_after_first": not parallel}
     return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
@@ -234,6 +237,14 @@ class CallParser:
             return None
         return ToolCall(id=new_call_id(), function=FunctionCall(name=obj["name"],
                                                                 arguments=json.dumps(args, ensure_ascii=False)))
+
+
+def split_calls(text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
+    """A whole output's content and calls."""
+    parser = CallParser(tools)
+    head, calls = parser.feed(text)
+    tail, more = parser.finish()
+    return head + tail, calls + more
 
 
 def _partial_suffix(text: str, tag: str) -> int:

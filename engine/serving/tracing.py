@@ -10,6 +10,7 @@ API's no-op tracer makes every call here free.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -18,6 +19,8 @@ from opentelemetry import context, propagate, trace
 
 
 TRACER = "pagedserve"
+# The HTTP request's X-Request-Id (engine/serving/app.py sets it), for logs and spans.
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 
 
@@ -61,6 +64,8 @@ def start_span(operation: str, model: str, request_id: str, params: Any, num_pro
         })
         if params.max_tokens is not None:
             span.set_attribute("gen_ai.request.max_tokens", params.max_tokens)
+        if REQUEST_ID.get() is not None:
+            span.set_attribute("http.request.header.x-request-id", [REQUEST_ID.get()])
     return span
 
 
