@@ -35,6 +35,7 @@ from engine.serving.async_llm import AsyncLLM, QueueLimits
 from engine.serving.errors import to_api_error
 from engine.serving.handlers import OpenAIServing
 from engine.serving.metrics import engine_metrics
+from engine.serving.openapi import MergedDocs
 from engine.serving.preset import load_preset
 from engine.serving.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from engine.serving.response_store import ResponseStore
@@ -188,3 +189,4 @@ if PRESET.service.cors.allow_origins:
 LLMService.add_asgi_middleware(APIKeyMiddleware, protect_ops=PRESET.service.protect_ops_routes)
 LLMService.add_asgi_middleware(TypedRouteGuard, max_body_bytes=PRESET.service.max_body_bytes,
                                request_timeout=PRESET.service.request_timeout)
+LLMService.add_asgi_middleware(MergedDocs)

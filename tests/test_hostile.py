@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 
 pytestmark = [pytest.mark.served, pytest.mark.timeout(900)]
 
-ROUTES = ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"]
+ROUTES = ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/v1/responses"]
 VALID = {
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
     "/v1/completions": {"prompt": "hi", "max_tokens": 3},
     "/tokenize": {"prompt": "hi"},
     "/detokenize": {"tokens": [1, 2, 3]},
+    "/v1/responses": {"input": "hi", "max_output_tokens": 3},
 }
 MAX_BODY = 64 << 10
 
@@ -115,6 +116,33 @@ def test_deep_tool_arguments_in_the_history_are_400s(app, route):
     assert settled(llm)
 
 
+RESPONSES_CASES = [
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+     "input[0].content[0]"),
+    ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0]"),
+    ({"input": "hi", "tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0]"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{x"}]}, "input[0].arguments"),
+    ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ({"input": "hi", "truncation": "auto"}, "truncation"),
+    ({"input": "hi", "background": True}, "background"),
+    ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+    ({"input": []}, "input"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), RESPONSES_CASES, ids=[p for _, p in RESPONSES_CASES])
+def test_responses_bodies_it_cannot_serve_are_400s_naming_the_field(app, body, param):
+    tc, llm = app
+    r = tc.post("/v1/responses", json=body)
+    assert r.status_code == 400, r.text[:300]
+    check(r)
+    assert r.json()["error"]["param"] == param
+    missing = tc.post("/v1/responses", json={"input": "hi", "previous_response_id": "resp_nope"})
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "previous_response_id"
+    assert settled(llm)
+
+
 def test_a_body_past_the_limit_is_a_413(app):
     tc, _ = app
     big = json.dumps({"prompt": "x" * MAX_BODY}).encode()
@@ -140,7 +168,8 @@ scalars = (st.none() | st.booleans() | st.integers() | st.integers(min_value=-(2
 keys = st.text(max_size=10) | st.text(min_size=100, max_size=2000) | st.integers(min_value=0).map(str)
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                       | st.dictionaries(keys, inner, max_size=4), max_leaves=20)
-FIELDS = ["model", "prompt", "messages", "max_tokens", "n", "temperature", "top_p", "stop", "seed", "stream",
+FIELDS = ["input", "instructions", "text", "max_output_tokens", "previous_response_id", "reasoning", "include",
+          "model", "prompt", "messages", "max_tokens", "n", "temperature", "top_p", "stop", "seed", "stream",
           "logprobs", "top_logprobs", "logit_bias", "response_format", "tools", "tool_choice", "tokens", "echo",
           "stream_options", "structured_outputs", "bad_words", "prompt_logprobs", "min_tokens", "top_k",
           "allowed_token_ids", "stop_token_ids", "guided_json", "guided_regex", "guided_choice", "guided_grammar"]
@@ -157,6 +186,12 @@ def _json_string_fields(route: str, text: str) -> list[dict]:
     if route in ("/v1/chat/completions", "/v1/completions"):
         bodies += [{**base, "guided_json": text}, {**base, "structured_outputs": {"json": text}},
                    {**base, "guided_regex": text}, {**base, "guided_grammar": text}]
+    if route == "/v1/responses":
+        items = [{"role": "user", "content": "hi"}, {"type": "function_call", "call_id": "c1", "name": "f",
+                                                     "arguments": text},
+                 {"type": "function_call_output", "call_id": "c1", "output": text}]
+        bodies += [{**base, "input": items}, {**base, "text": {"format": {
+            "type": "json_schema", "name": "x", "schema": {"type": "object", "description": text}}}}]
     if route == "/v1/chat/completions":
         tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
             "x": {"type": "string", "description": text}}}}}
@@ -185,7 +220,7 @@ def test_generated_bodies_never_get_a_5xx(app, route, field, value, whole, ascii
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
-@given(route=st.sampled_from(ROUTES[:3]), text=st.one_of(
+@given(route=st.sampled_from(ROUTES[:3] + ROUTES[4:]), text=st.one_of(
     st.builds(_deep, st.integers(min_value=1, max_value=20000)),
     st.builds(lambda d: '{"a":' * d + "1" + "}" * d, st.integers(min_value=1, max_value=5000)),
     st.text(max_size=300), st.sampled_from(['{"name": "f"}', "[1e999]", '{"x": NaN}', '"\\ud800"', "{" * 3])))

@@ -70,7 +70,7 @@ def parse(body: bytes, model: type[BaseModel], unknown: UnknownFields = "reject"
     ignored: list[str] = []
     for _ in range(8):  # each pass drops what it finds; a union can hide a nested one until the next
         try:
-            return model.model_validate(data), ignored
+            return model.model_validate(data), sorted(ignored)
         except ValidationError as exc:
             errs = exc.errors(include_url=False)
             extra = [e for e in errs if e["type"] == "extra_forbidden"]
@@ -78,8 +78,9 @@ def parse(body: bytes, model: type[BaseModel], unknown: UnknownFields = "reject"
                 for e in extra:
                     ignored.append(_drop(data, e["loc"]))
                 continue
-            err = extra[0] if extra else errs[0]
-            loc = _json_path(data, err["loc"])
+            # the deepest place in the client's document: in a union, the member that got furthest
+            err, loc = max(((e, _json_path(data, e["loc"])) for e in (extra or errs)),
+                           key=lambda el: el[1].count(".") + el[1].count("["))
             if err["type"] == "extra_forbidden":  # OpenAI's wording for a field it does not know
                 raise bad_request(f"Unrecognized request argument supplied: {loc}", loc) from None
             msg = err["msg"].removeprefix("Value error, ")
@@ -105,8 +106,8 @@ def _drop(data: Any, loc: tuple[Any, ...]) -> str:
 def _json_path(data: Any, loc: tuple[Any, ...]) -> str:
     """The error's location in the client's JSON, e.g. messages[0].role.
 
-    pydantic appends union members ("str", "list[int]") to loc; those are not in the
-    client's document, so the walk stops where the document ends.
+    pydantic puts union members ("str", "list[int]", a tag) into loc; those are not in
+    the client's document, so the walk skips what it cannot find there.
     """
     path, node = "", data
     for part in loc:
@@ -117,7 +118,7 @@ def _json_path(data: Any, loc: tuple[Any, ...]) -> str:
         elif isinstance(part, str) and isinstance(node, dict) and not path:
             return part  # a missing top-level field
         else:
-            break
+            continue
         node = node[part]
     return path.lstrip(".")
 
@@ -377,9 +378,8 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.lower().encode(), b"")
-        rid = given.decode("latin-1") if 0 < len(given) <= 128 and given.isascii() and given.isprintable() \
-            else uuid.uuid4().hex
+        given = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.lower().encode(), b"").decode("latin-1")
+        rid = given if 0 < len(given) <= 128 and given.isascii() and given.isprintable() else uuid.uuid4().hex
         token = tracing.REQUEST_ID.set(rid)
 
         async def tagged(message: dict[str, Any]) -> None:

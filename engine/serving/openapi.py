@@ -8,6 +8,7 @@ sees exactly what the server accepts and answers.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel
@@ -17,6 +18,7 @@ from engine.serving.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
     DetokenizeResponse, ErrorResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 )
+from engine.serving.responses_protocol import Response, ResponseDeleted, ResponsesRequest
 
 ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
           "408": "past the request's deadline", "413": "body too large", "429": "waiting queue full",
@@ -26,6 +28,7 @@ POSTS: list[tuple[str, str, type[BaseModel], type[BaseModel], bool]] = [
     ("/v1/completions", "Create a completion", CompletionRequest, CompletionResponse, True),
     ("/tokenize", "Token ids of a prompt or of chat messages", TokenizeRequest, TokenizeResponse, False),
     ("/detokenize", "Text of token ids", DetokenizeRequest, DetokenizeResponse, False),
+    ("/v1/responses", "Create a response (OpenAI's Responses API)", ResponsesRequest, Response, True),
 ]
 
 
@@ -33,7 +36,8 @@ def openapi_document(version: str = "1") -> dict[str, Any]:
     models: list[tuple[type[BaseModel], Any]] = []
     for _, _, req, resp, _ in POSTS:
         models += [(req, "validation"), (resp, "serialization")]
-    models += [(ErrorResponse, "serialization"), (ModelList, "serialization"), (ModelCard, "serialization")]
+    models += [(ErrorResponse, "serialization"), (ModelList, "serialization"), (ModelCard, "serialization"),
+               (ResponseDeleted, "serialization")]
     refs, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
 
     def ref(model: type[BaseModel], mode: str = "serialization") -> dict[str, Any]:
@@ -65,6 +69,17 @@ def openapi_document(version: str = "1") -> dict[str, Any]:
         "summary": "One model", "operationId": "retrieve_model", "security": [{"bearer": []}],
         "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
         "responses": answers({"application/json": {"schema": ref(ModelCard)}}, ("401", "404"))}}
+    stored = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    paths["/v1/responses/{response_id}"] = {
+        "get": {"summary": "A stored response", "operationId": "retrieve_response", "security": [{"bearer": []}],
+                "parameters": stored,
+                "responses": answers({"application/json": {"schema": ref(Response)}}, ("401", "404"))},
+        "delete": {"summary": "Delete a stored response", "operationId": "delete_response",
+                   "security": [{"bearer": []}], "parameters": stored,
+                   "responses": answers({"application/json": {"schema": ref(ResponseDeleted)}}, ("401", "404"))}}
+    paths["/version"] = {"get": {"summary": "The server's version", "operationId": "version", "responses": {
+        "200": {"description": "OK", "content": {"application/json": {"schema": {
+            "type": "object", "required": ["version"], "properties": {"version": {"type": "string"}}}}}}}}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "pagedserve OpenAI-compatible API", "version": version},
@@ -72,3 +87,40 @@ def openapi_document(version: str = "1") -> dict[str, Any]:
         "components": {"schemas": defs.get("$defs", {}),
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }
+
+
+class MergedDocs:
+    """BentoML's Swagger page at / lists only its own API methods (it merges mounted
+    FastAPI apps, not Starlette ones): this puts the OpenAI routes into the document it
+    reads (/docs.json), so the page shows every route the server answers."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.document = openapi_document()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "GET" or scope["path"] != "/docs.json":
+            await self.app(scope, receive, send)
+            return
+        start: dict[str, Any] = {}
+        chunks: list[bytes] = []
+
+        async def capture(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        await self.app(scope, receive, capture)
+        body = b"".join(chunks)
+        if start.get("status") == 200:
+            spec = json.loads(body)
+            spec["openapi"] = "3.1.0"  # the OpenAI routes' schemas are JSON Schema 2020-12, as 3.1 has it
+            spec.setdefault("paths", {}).update(self.document["paths"])
+            components = spec.setdefault("components", {})
+            for key, values in self.document["components"].items():
+                components.setdefault(key, {}).update(values)
+            body = json.dumps(spec).encode()
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
