@@ -100,7 +100,7 @@ class LLMService:
         queue = PRESET.service.queue
         limits = QueueLimits(queue.max_waiting_requests, queue.max_waiting_tokens)
         _claim_cores(PRESET.service.workers, config)
-        self.llm = AsyncLLM.start(config, engine_metrics(served), limits)
+        self.llm = AsyncLLM.start(config, engine_metrics(served, PRESET.service.metrics_prefix), limits)
         aliases = [self.llm.info.hf_id] if self.llm.info.hf_id else []  # clients may also name it by its HF id
         store = ResponseStore(**PRESET.service.responses_store.model_dump())
         self.serving = OpenAIServing(self.llm, served, root or self.llm.info.model_name, aliases, store)

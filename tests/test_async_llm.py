@@ -122,7 +122,7 @@ def test_a_rejected_request_raises_before_output_and_disturbs_no_one(llm):
 
 def finished_as(registry, reason: str) -> float:
     labels = {"model_name": "tiny", "finished_reason": reason}
-    return registry.get_sample_value("pagedserve:request_success_total", labels) or 0.0
+    return registry.get_sample_value("vllm:request_success_total", labels) or 0.0
 
 
 async def settle(llm: AsyncLLM, timeout: float = 10.0) -> None:
@@ -191,28 +191,28 @@ def test_metrics_follow_the_requests(llm, registry):
     def value(name: str, **labels) -> float:
         return registry.get_sample_value(name, {"model_name": "tiny", **labels}) or 0.0
 
-    before = {k: value(k) for k in ("pagedserve:generation_tokens_total", "pagedserve:prompt_tokens_total",
-                                    "pagedserve:time_to_first_token_seconds_count",
-                                    "pagedserve:e2e_request_latency_seconds_count",
-                                    "pagedserve:inter_token_latency_seconds_count",
-                                    "pagedserve:request_queue_time_seconds_count",
-                                    "pagedserve:prefix_cache_queries_total")}
-    length_before = value("pagedserve:request_success_total", finished_reason="length")
+    before = {k: value(k) for k in ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
+                                    "vllm:time_to_first_token_seconds_count",
+                                    "vllm:e2e_request_latency_seconds_count",
+                                    "vllm:inter_token_latency_seconds_count",
+                                    "vllm:request_queue_time_seconds_count",
+                                    "vllm:prefix_cache_queries_total")}
+    length_before = value("vllm:request_success_total", finished_reason="length")
     items = run(collect(llm.generate([7, 8, 9, 10, 11], SamplingParams(max_tokens=6, ignore_eos=True))))
     assert len(tokens(items)) == 6
     assert wait_until(lambda: all_blocks_free(llm))
     grew = {k: value(k) - v for k, v in before.items()}
-    assert grew["pagedserve:generation_tokens_total"] == 6
-    assert grew["pagedserve:prompt_tokens_total"] == 5
-    assert grew["pagedserve:time_to_first_token_seconds_count"] == 1
-    assert grew["pagedserve:request_queue_time_seconds_count"] == 1
-    assert grew["pagedserve:e2e_request_latency_seconds_count"] == 1
-    assert grew["pagedserve:inter_token_latency_seconds_count"] >= 1
-    assert grew["pagedserve:prefix_cache_queries_total"] >= 5
-    assert value("pagedserve:request_success_total", finished_reason="length") == length_before + 1
-    assert wait_until(lambda: value("pagedserve:kv_cache_blocks_free") == value("pagedserve:kv_cache_blocks_total"))
-    assert value("pagedserve:kv_cache_blocks_total") == 64
-    assert value("pagedserve:num_requests_running") == 0
+    assert grew["vllm:generation_tokens_total"] == 6
+    assert grew["vllm:prompt_tokens_total"] == 5
+    assert grew["vllm:time_to_first_token_seconds_count"] == 1
+    assert grew["vllm:request_queue_time_seconds_count"] == 1
+    assert grew["vllm:e2e_request_latency_seconds_count"] == 1
+    assert grew["vllm:inter_token_latency_seconds_count"] >= 1
+    assert grew["vllm:prefix_cache_queries_total"] >= 5
+    assert value("vllm:request_success_total", finished_reason="length") == length_before + 1
+    assert wait_until(lambda: value("vllm:kv_cache_blocks_free") == value("vllm:kv_cache_blocks_total"))
+    assert value("vllm:kv_cache_blocks_total") == 64
+    assert value("vllm:num_requests_running") == 0
 
 
 def test_engine_errors_reach_every_waiting_request(config):

@@ -344,10 +344,10 @@ def test_sixteen_streams_one_disconnects(client, http):
     stats = wait_idle(http)
     assert stats["num_running"] == 0 and stats["blocks_free"] == stats["blocks_total"]
     after = metrics(http)
-    assert metric(after, "pagedserve:request_success_total", finished_reason="abort") == \
-        metric(before, "pagedserve:request_success_total", finished_reason="abort") + 1
-    assert metric(after, "pagedserve:kv_cache_blocks_free") == metric(after, "pagedserve:kv_cache_blocks_total") == 128
-    assert metric(after, "pagedserve:num_requests_running") == 0
+    assert metric(after, "vllm:request_success_total", finished_reason="abort") == \
+        metric(before, "vllm:request_success_total", finished_reason="abort") + 1
+    assert metric(after, "vllm:kv_cache_blocks_free") == metric(after, "vllm:kv_cache_blocks_total") == 128
+    assert metric(after, "vllm:num_requests_running") == 0
 
 
 def test_metrics_counters_move(client, http):
@@ -357,18 +357,32 @@ def test_metrics_counters_move(client, http):
                                        extra_body={"ignore_eos": True})
         wait_idle(http)
     after = metrics(http)
-    for name in ("pagedserve:prompt_tokens_total", "pagedserve:generation_tokens_total",
-                 "pagedserve:prefix_cache_queries_total", "pagedserve:time_to_first_token_seconds_count",
-                 "pagedserve:inter_token_latency_seconds_count", "pagedserve:e2e_request_latency_seconds_count",
-                 "pagedserve:request_queue_time_seconds_count"):
+    for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:prefix_cache_queries_total", "vllm:time_to_first_token_seconds_count",
+                 "vllm:inter_token_latency_seconds_count", "vllm:e2e_request_latency_seconds_count",
+                 "vllm:request_queue_time_seconds_count"):
         assert metric(after, name) > metric(before, name), name
-    generated = "pagedserve:generation_tokens_total"
+    generated = "vllm:generation_tokens_total"
     assert metric(after, generated) - metric(before, generated) == 12
-    hits = "pagedserve:prefix_cache_hits_total"
+    hits = "vllm:prefix_cache_hits_total"
     assert metric(after, hits) - metric(before, hits) >= 16  # at least the prompt's first full block
-    for name in ("pagedserve:num_requests_waiting", "pagedserve:kv_cache_usage_perc",
-                 "pagedserve:num_preemptions_total"):
+    for name in ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:num_preemptions_total"):
         assert any(k.startswith(name + "{") for k in after), name
+
+    def mean(name: str) -> float:  # what vLLM's dashboard plots: rate(x_sum) / rate(x_count)
+        grew = metric(after, name + "_count") - metric(before, name + "_count")
+        return (metric(after, name + "_sum") - metric(before, name + "_sum")) / grew
+
+    assert mean("vllm:request_generation_tokens") == 6
+    prompt = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1).usage.prompt_tokens
+    assert mean("vllm:request_prompt_tokens") == prompt
+    assert mean("vllm:iteration_tokens_total") >= 1
+    for name in ("vllm:time_per_output_token_seconds", "vllm:request_prefill_time_seconds",
+                 "vllm:request_decode_time_seconds"):
+        assert mean(name) > 0, name
+    [info] = [k for k in after if k.startswith("vllm:cache_config_info{")]
+    assert 'block_size="16"' in info and 'num_gpu_blocks="128"' in info and after[info] == 1
     assert any(k.startswith("bentoml_service_request_total{") for k in after)  # BentoML's own metrics too
 
 

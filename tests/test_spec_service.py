@@ -47,6 +47,6 @@ def test_the_ngram_preset_streams_several_tokens_per_event(bento_home, tmp_path)
     assert sum(sizes) == 40 and max(sizes) > 1 and len(sizes) < 40
     assert stats["spec_method"] == "ngram" and stats["spec_num_accepted_tokens"] > 0
     accepted = [line for line in metrics.splitlines()
-                if line.startswith("pagedserve:spec_decode_num_accepted_tokens_total{")]
+                if line.startswith("vllm:spec_decode_num_accepted_tokens_total{")]
     assert accepted and float(accepted[0].split()[-1]) == stats["spec_num_accepted_tokens"]
-    assert 'pagedserve:spec_decode_num_accepted_tokens_per_pos_total{model_name="' in metrics
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="' in metrics

@@ -140,7 +140,8 @@ class AsyncLLM:
             tokenizer = loader.load_tokenizer(loader.resolve(config.model))
             self._core = ProcessClient(config, tokenizer, *callbacks)
         if metrics is not None:
-            metrics.record_start(self._core.last_stats)
+            cfg = config if config is not None else engine.config  # type: ignore[union-attr]
+            metrics.record_start(self._core.last_stats, cfg.block_size, cfg.dtype, cfg.enable_prefix_caching)
 
     @classmethod
     def start(cls, config: EngineConfig, metrics: EngineMetrics | None = None,

@@ -1,8 +1,9 @@
-"""Prometheus metrics for the engine, with vLLM's names under our own prefix.
+"""Prometheus metrics for the engine, with vLLM's names and, by default, its prefix.
 
-`vllm:num_requests_running` becomes `pagedserve:num_requests_running`, and so on, so
-dashboards written for vLLM need only the prefix changed. Counters get prometheus'
-`_total` suffix on exposition, exactly as vLLM's do.
+`vllm:num_requests_running`, `vllm:time_to_first_token_seconds` and the rest mean what
+they mean in vLLM, so its dashboards and the Gateway API inference extension's endpoint
+picker read them unchanged; service.metrics_prefix picks another prefix. Counters get
+prometheus' `_total` suffix on exposition, exactly as vLLM's do.
 
 prometheus_client is imported when EngineMetrics is built, not when this module is:
 BentoML sets PROMETHEUS_MULTIPROC_DIR in its workers after importing the service
@@ -25,13 +26,14 @@ from typing import Any
 from engine.messages import RequestDelta, StepOutput
 from engine.stats import EngineStats, StepStats
 
-PREFIX = "pagedserve"
+PREFIX = "vllm"
 
 # vLLM's buckets (seconds), so histograms compare one to one.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                10.0, 20.0, 40.0, 80.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
@@ -88,11 +90,29 @@ class EngineMetrics:
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", REQUEST_BUCKETS)
         self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduling.",
                                     REQUEST_BUCKETS)
+        self.tpot = histogram("time_per_output_token_seconds", "Time between a request's tokens (vLLM's older "
+                              "name for inter_token_latency_seconds).", ITL_BUCKETS)
+        self.prefill_time = histogram("request_prefill_time_seconds", "First scheduling to first token.",
+                                      REQUEST_BUCKETS)
+        self.decode_time = histogram("request_decode_time_seconds", "First token to finish.", REQUEST_BUCKETS)
+        self.request_prompt = histogram("request_prompt_tokens", "Prompt tokens of each finished request.",
+                                        TOKEN_BUCKETS)
+        self.request_generation = histogram("request_generation_tokens", "Tokens each finished request generated.",
+                                            TOKEN_BUCKETS)
+        self.iteration_tokens = histogram("iteration_tokens_total", "Tokens each engine step computed.",
+                                          TOKEN_BUCKETS)
+        self._cache_info = prom.Gauge(f"{p}:cache_config_info", "The KV cache's configuration, in the labels.",
+                                      labelnames=["model_name", "block_size", "num_gpu_blocks", "cache_dtype",
+                                                  "enable_prefix_caching"], multiprocess_mode="livemax",
+                                      **({"registry": registry} if registry is not None else {}))
         self._last_token: dict[str, float] = {}  # live requests that have tokens: when the last came
 
-    def record_start(self, stats: EngineStats) -> None:
-        """The pool's size and the gauges before the first step."""
+    def record_start(self, stats: EngineStats, block_size: int = 16, cache_dtype: str = "auto",
+                     prefix_caching: bool = True) -> None:
+        """The pool's size, its configuration and the gauges before the first step."""
         self.blocks_total.set(stats.blocks_total)
+        self._cache_info.labels(self._model_name, str(block_size), str(stats.blocks_total), cache_dtype,
+                                str(prefix_caching)).set(1)
         self.weight_bytes.labels(self._model_name, stats.quantization or "none").set(stats.weight_bytes)
         for gauge, value in ((self.running, stats.num_running), (self.waiting, stats.num_waiting),
                              (self.kv_usage, stats.kv_cache_usage), (self.blocks_free, stats.blocks_free),
@@ -113,6 +133,7 @@ class EngineMetrics:
                 m = out.metrics
                 if last is not None:
                     self.itl.observe(now - last)
+                    self.tpot.observe(now - last)
                 elif m is not None and m.first_token_time is not None:
                     self.ttft.observe(m.first_token_time - m.arrival_time)
                     if m.first_scheduled_time is not None:
@@ -127,8 +148,16 @@ class EngineMetrics:
         reason = "abort" if "abort" in reasons or not reasons else reasons[0]
         self._success.labels(self._model_name, reason).inc()
         m = out.metrics
-        if m is not None and reason != "abort":
-            self.e2e.observe((m.finished_time or now) - m.arrival_time)
+        if m is None or reason == "abort":
+            return
+        finished = m.finished_time or now
+        self.e2e.observe(finished - m.arrival_time)
+        self.request_prompt.observe(out.num_prompt_tokens)
+        self.request_generation.observe(out.num_output_tokens)
+        if m.first_token_time is not None:
+            self.decode_time.observe(finished - m.first_token_time)
+            if m.first_scheduled_time is not None:
+                self.prefill_time.observe(m.first_token_time - m.first_scheduled_time)
 
     def record_stats(self, stats: StepStats) -> None:
         """Set the gauges and advance the counters by one step's increments."""
@@ -148,6 +177,9 @@ class EngineMetrics:
                                (stats.spec_accepted_tokens, self.spec_accepted)):
             if grown > 0:
                 counter.inc(grown)
+        computed = stats.prompt_tokens_computed + stats.generation_tokens
+        if computed > 0:
+            self.iteration_tokens.observe(computed)
         for pos, n in stats.spec_accepted_per_pos.items():
             self._spec_per_pos.labels(self._model_name, str(pos)).inc(n)
 

@@ -99,6 +99,9 @@ class ServiceConfig(BaseModel):
         "OpenAI does); `warn` drops it, logs it and names it in the X-Ignored-Fields header (as vLLM does), "
         "so clients that send their own extras (LangChain, LlamaIndex, Open WebUI) work unchanged")
     responses_store: ResponsesStoreConfig = ResponsesStoreConfig()
+    metrics_prefix: str = Field("vllm", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="the /metrics series' "
+                                "prefix: vLLM's by default, so its dashboards and the Gateway API inference "
+                                "extension read them unchanged")
     traffic: TrafficConfig = TrafficConfig()
     queue: QueueConfig = QueueConfig()
     cors: CORSConfig = CORSConfig()
