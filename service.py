@@ -103,7 +103,8 @@ class LLMService:
         self.llm = AsyncLLM.start(config, engine_metrics(served, PRESET.service.metrics_prefix), limits)
         aliases = [self.llm.info.hf_id] if self.llm.info.hf_id else []  # clients may also name it by its HF id
         store = ResponseStore(**PRESET.service.responses_store.model_dump())
-        self.serving = OpenAIServing(self.llm, served, root or self.llm.info.model_name, aliases, store)
+        self.serving = OpenAIServing(self.llm, served, root or self.llm.info.model_name, aliases, store,
+                                     PRESET.service.reasoning_parser)
         logger.info("serving %s (max_model_len %d) from %s", served, self.llm.info.max_model_len, root or "embedded")
         self._drain_on_sigterm()
 

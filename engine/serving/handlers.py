@@ -26,24 +26,28 @@ from engine.serving.admission import Offload
 from engine.serving.async_llm import AsyncLLM, StreamOutput
 from engine.serving.constraints import structured_output, token_keys
 from engine.serving.errors import APIError, bad_request, to_api_error
+from engine.serving.reasoning import ReasoningParser, ReasoningParserName, split_reasoning
 from engine.serving.response_store import ResponseStore
 from engine.serving.protocol import (
     ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
     ChatMessage, ChatResponseMessage, ChatStreamChoice, ChatTokenLogprob, CompletionChoice, CompletionChunk,
     CompletionLogprobs, CompletionRequest, CompletionResponse, DeltaFunctionCall, DeltaMessage, DeltaToolCall,
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, PromptLogprob, PromptLogprobs, SamplingFields,
-    TokenizeRequest, TokenizeResponse, Tool, TopLogprob, UsageInfo, random_id,
+    TokenizeRequest, TokenizeResponse, Tool, ToolCall, TopLogprob, UsageInfo, random_id,
 )
 from engine.serving.streams import DONE, Choice, Started, absorb, chain, collect, merge, prompt_list, sse, usage
 
 
 class OpenAIServing:
     def __init__(self, llm: AsyncLLM, served_model_name: str, root: str | None = None,
-                 aliases: Sequence[str] = (), store: ResponseStore | None = None) -> None:
+                 aliases: Sequence[str] = (), store: ResponseStore | None = None,
+                 reasoning_parser: ReasoningParserName | None = None) -> None:
         """`aliases`: other names clients may send as `model` (the Hugging Face id, say);
         responses always name the model by served_model_name. `store` keeps the
-        Responses API's stored responses (engine/serving/responses.py)."""
+        Responses API's stored responses (engine/serving/responses.py);
+        `reasoning_parser` splits a <think> block from the answer (reasoning.py)."""
         self.store = store if store is not None else ResponseStore()
+        self.reasoning_parser = reasoning_parser
         self.llm = llm
         self.model_name = served_model_name
         self.names = list(dict.fromkeys([served_model_name, *aliases]))
@@ -190,13 +194,20 @@ class OpenAIServing:
             choices=[self._chat_choice(i, c, tools, req.logprobs) for i, c in enumerate(choices)],
             prompt_logprobs=self._prompt_logprobs(last))
 
+    def split(self, text: str, tools: list[Tool]) -> tuple[str | None, str, list[ToolCall]]:
+        """A whole output's reasoning, content and tool calls: calls come from the content
+        alone, never from inside a think block."""
+        reasoning = None
+        if self.reasoning_parser is not None:
+            reasoning, text = split_reasoning(self.reasoning_parser, text)
+        text, calls = tools_mod.split_calls(text, tools) if tools else (text, [])
+        return reasoning, text, calls
+
     def _chat_choice(self, index: int, c: Choice, tools: list[Tool], want_logprobs: bool) -> ChatChoice:
-        text, calls, finish = c.text, [], c.finish_reason
-        if tools:
-            text, calls = tools_mod.split_calls(text, tools)
-            finish = "tool_calls" if calls and finish == "stop" else finish
+        reasoning, text, calls = self.split(c.text, tools)
+        finish = "tool_calls" if calls and c.finish_reason == "stop" else c.finish_reason
         return ChatChoice(index=index, message=ChatResponseMessage(content=text or None if calls else text,
-                                                                   tool_calls=calls),
+                                                                   reasoning_content=reasoning, tool_calls=calls),
                           logprobs=self._chat_logprobs(c.logprobs) if want_logprobs else None,
                           finish_reason=finish, stop_reason=c.stop_reason)
 
@@ -209,6 +220,7 @@ class OpenAIServing:
                                            usage=usage))
 
         parsers = [tools_mod.CallParser(tools) if tools else None for _ in range(n)]
+        thinks = [ReasoningParser(self.reasoning_parser) if self.reasoning_parser else None for _ in range(n)]
         try:
             yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
                          for i in range(n)])
@@ -217,12 +229,20 @@ class OpenAIServing:
                 for d in out.deltas:
                     absorb(choices[d.index], d)
                     lp = self._chat_logprobs(d.logprobs) if d.logprobs is not None else None
-                    delta, finish = DeltaMessage(content=d.text), d.finish_reason
-                    parser = parsers[d.index]
+                    text, reasoning, finish = d.text, None, d.finish_reason
+                    think, parser = thinks[d.index], parsers[d.index]
+                    if think is not None:
+                        reasoning, text = think.feed(text)
+                        if finish is not None:
+                            more, tail = think.finish()
+                            reasoning, text = reasoning + more, text + tail
+                    delta = DeltaMessage(content=text if think is None else text or None)
                     if parser is not None:
-                        delta, finish = _tool_delta(parser, d.text, finish)
-                        if not (delta.content or delta.tool_calls or finish or lp):
-                            continue  # text held back while a tag is undecided
+                        delta, finish = _tool_delta(parser, text, finish)
+                    delta.reasoning_content = reasoning or None
+                    if (think or parser) and not (delta.content or delta.reasoning_content or delta.tool_calls
+                                                  or finish or lp):
+                        continue  # text held back while a tag is undecided
                     yield chunk([ChatStreamChoice(index=d.index, delta=delta, logprobs=lp, finish_reason=finish,
                                                   stop_reason=d.stop_reason)],
                                 usage([out]) if continuous_usage else None)

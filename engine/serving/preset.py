@@ -99,6 +99,9 @@ class ServiceConfig(BaseModel):
         "OpenAI does); `warn` drops it, logs it and names it in the X-Ignored-Fields header (as vLLM does), "
         "so clients that send their own extras (LangChain, LlamaIndex, Open WebUI) work unchanged")
     responses_store: ResponsesStoreConfig = ResponsesStoreConfig()
+    reasoning_parser: Literal["qwen3", "deepseek_r1"] | None = Field(
+        None, description="split a <think> block into reasoning_content (chat) and a reasoning item (responses): "
+        "qwen3 when the model opens the block itself, deepseek_r1 when the chat template opens it")
     metrics_prefix: str = Field("vllm", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="the /metrics series' "
                                 "prefix: vLLM's by default, so its dashboards and the Gateway API inference "
                                 "extension read them unchanged")

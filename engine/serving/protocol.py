@@ -268,6 +268,7 @@ PromptLogprobs = list[dict[str, PromptLogprob] | None]
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # a <think> block, with service.reasoning_parser (vLLM's field)
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
@@ -307,6 +308,7 @@ class DeltaToolCall(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 

@@ -28,15 +28,17 @@ from engine.serving.protocol import (
 )
 from engine.serving.responses_protocol import (
     FunctionCallItem, FunctionCallOutputItem, IncompleteDetails, InputTokensDetails, MessageItem,
-    OutputFunctionCall, OutputMessage, OutputText, Response, ResponseDeleted, ResponsesRequest, ResponseUsage,
+    OutputFunctionCall, OutputMessage, OutputReasoning, OutputText, ReasoningItem, ReasoningText, Response,
+    ResponseDeleted, ResponsesRequest, ResponseUsage,
 )
+from engine.serving.reasoning import ReasoningParser
 from engine.serving.async_llm import StreamOutput
 from engine.serving.streams import Choice, absorb, chain, collect, usage
 
 # engine and chat field names -> the Responses request's own
 NAMES = {"prompt": "input", "max_tokens": "max_output_tokens", "logprobs": "top_logprobs"}
 RENAME = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens"}
-Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 
 
 async def create(serving: OpenAIServing, req: ResponsesRequest) -> Response | AsyncIterator[str]:
@@ -60,7 +62,9 @@ async def create(serving: OpenAIServing, req: ResponsesRequest) -> Response | As
         return _stream(serving, req, resp, first, gen, tools, conversation)
     choice = Choice()
     last = await collect([(first, gen)], [choice], 0, 1)
-    text, calls = tools_mod.split_calls(choice.text, tools) if tools else (choice.text, [])
+    reasoning, text, calls = serving.split(choice.text, tools)
+    if reasoning is not None:
+        resp.output.append(OutputReasoning(content=[ReasoningText(text=reasoning)]))
     if text or not calls:
         resp.output.append(OutputMessage(content=[OutputText(text=text)]))
     resp.output += [OutputFunctionCall(call_id=c.id, name=c.function.name, arguments=c.function.arguments)
@@ -125,8 +129,9 @@ def _messages(items: list[Item], instructions: str | None, skip: int) -> list[Ch
                 out[-1] = out[-1].model_copy(update={"tool_calls": [*(out[-1].tool_calls or []), call]})
             else:
                 out.append(ChatMessage(role="assistant", tool_calls=[call]))
-        else:
+        elif isinstance(item, FunctionCallOutputItem):
             out.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=item.text()))
+        # a ReasoningItem is left out of the prompt, as templates leave out earlier turns' reasoning
     if not out:
         raise bad_request("input must hold at least one item", "input")
     return out
@@ -177,7 +182,7 @@ def _keep(serving: OpenAIServing, req: ResponsesRequest, resp: Response, convers
     for item in resp.output:
         if isinstance(item, OutputMessage):
             out.append(MessageItem(role="assistant", content="".join(p.text for p in item.content), id=item.id))
-        else:
+        elif isinstance(item, OutputFunctionCall):
             out.append(FunctionCallItem(type="function_call", call_id=item.call_id, name=item.name,
                                         arguments=item.arguments, id=item.id))
     kept = conversation + out
@@ -200,9 +205,23 @@ async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response,
         return resp.model_dump(mode="json")
 
     parser = tools_mod.CallParser(tools) if tools else None
+    think = ReasoningParser(serving.reasoning_parser) if serving.reasoning_parser else None
     choice = Choice()
     msg: OutputMessage | None = None
     parts: list[str] = []
+    rs: OutputReasoning | None = None
+    thoughts: list[str] = []
+
+    def close_reasoning() -> list[str]:
+        nonlocal rs
+        if rs is None:
+            return []
+        idx, text = resp.output.index(rs), "".join(thoughts)
+        rs.content, rs.status = [ReasoningText(text=text)], "completed"
+        events = [event("response.reasoning_text.done", item_id=rs.id, output_index=idx, content_index=0, text=text),
+                  event("response.output_item.done", output_index=idx, item=rs.model_dump(mode="json"))]
+        rs = None
+        return events
 
     def close_message(status: str) -> list[str]:
         nonlocal msg
@@ -226,10 +245,28 @@ async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response,
         async for last in chain(first, gen):
             for d in last.deltas:
                 absorb(choice, d)
-                text, calls = parser.feed(d.text) if parser else (d.text, [])
+                raw, reasoning = d.text, ""
+                if think is not None:
+                    reasoning, raw = think.feed(raw)
+                    if d.finish_reason is not None:
+                        more, tail = think.finish()
+                        reasoning, raw = reasoning + more, raw + tail
+                if reasoning:
+                    if rs is None:
+                        rs = OutputReasoning(status="in_progress")
+                        resp.output.append(rs)
+                        yield event("response.output_item.added", output_index=len(resp.output) - 1,
+                                    item=rs.model_dump(mode="json"))
+                    thoughts.append(reasoning)
+                    yield event("response.reasoning_text.delta", item_id=rs.id, output_index=resp.output.index(rs),
+                                content_index=0, delta=reasoning)
+                text, calls = parser.feed(raw) if parser else (raw, [])
                 if d.finish_reason is not None and parser is not None:
                     tail, more = parser.finish()
                     text, calls = text + tail, calls + more
+                if text or calls:
+                    for e in close_reasoning():
+                        yield e
                 if text:
                     if msg is None:
                         msg = OutputMessage(status="in_progress")
@@ -254,10 +291,14 @@ async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response,
                     yield event("response.function_call_arguments.done", item_id=fc.id, output_index=idx,
                                 name=fc.name, arguments=fc.arguments)
                     yield event("response.output_item.done", output_index=idx, item=fc.model_dump(mode="json"))
-        if msg is None and not resp.output:  # an empty answer is still one message
+        for e in close_reasoning():
+            yield e
+        if msg is None and not any(isinstance(o, (OutputMessage, OutputFunctionCall)) for o in resp.output):
+            # an empty answer is still one message
             msg = OutputMessage(status="in_progress")
             resp.output.append(msg)
-            yield event("response.output_item.added", output_index=0, item=msg.model_dump(mode="json"))
+            yield event("response.output_item.added", output_index=len(resp.output) - 1,
+                        item=msg.model_dump(mode="json"))
         for e in close_message("incomplete" if choice.finish_reason == "length" else "completed"):
             yield e
         _finish(resp, choice.finish_reason, last)

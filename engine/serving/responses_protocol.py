@@ -17,7 +17,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag
 
 from engine.serving.protocol import _Request
 
-ITEM_KINDS = "message, function_call and function_call_output"
+ITEM_KINDS = "message, function_call, function_call_output and reasoning"
 
 
 def item_id(prefix: str) -> str:
@@ -86,6 +86,18 @@ class FunctionCallOutputItem(_Request):
         return "".join(p.text if isinstance(p, InputText) else p.refusal for p in self.output)
 
 
+class ReasoningItem(_Request):
+    """An earlier output's reasoning, echoed back (the Agents SDK sends it): checked, and
+    left out of the prompt, as chat templates leave out earlier turns' reasoning."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
 def _item_kind(v: Any) -> str:
     if isinstance(v, dict):
         return v.get("type", "message")  # an "easy" message has no type
@@ -94,7 +106,7 @@ def _item_kind(v: Any) -> str:
 
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_kind, custom_error_type="unsupported_item",
                   custom_error_message=f"unsupported input item type; this server takes {ITEM_KINDS} items"),
 ]
@@ -195,7 +207,22 @@ class OutputFunctionCall(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"] = "completed"
 
 
-OutputItem = OutputMessage | OutputFunctionCall
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class OutputReasoning(BaseModel):
+    """A <think> block, with service.reasoning_parser."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str = Field(default_factory=lambda: item_id("rs"))
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[ReasoningText] = Field(default_factory=list)
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
+OutputItem = OutputReasoning | OutputMessage | OutputFunctionCall
 
 
 class InputTokensDetails(BaseModel):

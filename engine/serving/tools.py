@@ -186,7 +186,7 @@ class CallParser:
                 self._content(self.buf[:start], out)
                 self.buf, self.in_call = self.buf[start + len(OPEN):], True
                 continue
-            keep = _partial_suffix(self.buf, OPEN)
+            keep = partial_suffix(self.buf, OPEN)
             self._content(self.buf[:len(self.buf) - keep], out)
             self.buf = self.buf[len(self.buf) - keep:]
             break
@@ -247,7 +247,7 @@ def split_calls(text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
     return head + tail, calls + more
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest end of `text` that begins `tag`."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):
