@@ -34,7 +34,7 @@ import psutil
 WORDS = "the a river city light stone paper music garden window engine cloud road story".split()
 INVALID = [
     b'{"model": "m", "prompt": "hi", "max_tokens": "12"}',
-    b'{"prompt": "hi", "frobnicate": 1}',
+    b'{"prompt": "hi", "n": 2.0}',
     b'{"prompt": "hi", "temperature": -1}',
     b'{"prompt": "hi", "temperature": NaN}',
     b'{"prompt": "caf\\udce9"}',
