@@ -30,7 +30,8 @@ from engine import parallel
 from engine.config import EngineConfig
 from engine.models import DEFAULT_MODEL_NAME
 from engine.serving import tracing
-from engine.serving.app import APIKeyMiddleware, TypedRouteGuard, create_app
+from engine.serving.app import TypedRouteGuard, create_app
+from engine.serving.middleware import APIKeyMiddleware, RequestIdMiddleware
 from engine.serving.async_llm import AsyncLLM, QueueLimits
 from engine.serving.errors import to_api_error
 from engine.serving.handlers import OpenAIServing
@@ -104,7 +105,7 @@ class LLMService:
         aliases = [self.llm.info.hf_id] if self.llm.info.hf_id else []  # clients may also name it by its HF id
         store = ResponseStore(**PRESET.service.responses_store.model_dump())
         self.serving = OpenAIServing(self.llm, served, root or self.llm.info.model_name, aliases, store,
-                                     PRESET.service.reasoning_parser)
+                                     PRESET.service.reasoning_parser, PRESET.service.tool_call_parser)
         logger.info("serving %s (max_model_len %d) from %s", served, self.llm.info.max_model_len, root or "embedded")
         self._drain_on_sigterm()
 
@@ -183,8 +184,10 @@ class LLMService:
             raise BentoMLException(err.detail.message, error_code=HTTPStatus(err.status)) from None
 
 
-# Starlette runs the first-added middleware outermost: CORS answers preflights and puts its
-# headers on every answer (a 401 too, so a browser can read it), then the key is checked.
+# Starlette runs the first-added middleware outermost: every answer gets its X-Request-Id,
+# CORS answers preflights and puts its headers on every answer (a 401 too, so a browser can
+# read it), then the key is checked.
+LLMService.add_asgi_middleware(RequestIdMiddleware)
 if PRESET.service.cors.allow_origins:
     LLMService.add_asgi_middleware(CORSMiddleware, **PRESET.service.cors.model_dump())
 LLMService.add_asgi_middleware(APIKeyMiddleware, protect_ops=PRESET.service.protect_ops_routes)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from tests.served import CHAT, MODEL
@@ -85,7 +86,7 @@ def test_json_mode_answers_a_json_object(client):
 
 
 @pytest.mark.served
-def test_request_ids_version_and_the_swagger_document(http):
+def test_request_ids_version_and_the_swagger_document(http, server):
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 1},
                   headers={"X-Request-Id": "trace-me-42"})
     assert r.headers["X-Request-Id"] == "trace-me-42"
@@ -96,6 +97,7 @@ def test_request_ids_version_and_the_swagger_document(http):
                       headers={"X-Request-Id": odd.encode("latin-1")})
         assert r.status_code == 200 and len(r.headers["X-Request-Id"]) == 32
     assert http.post("/v1/completions", json={}).headers["X-Request-Id"]  # errors carry it too
+    assert httpx.get(f"{server.url}/v1/models").headers["X-Request-Id"]  # a 401 as well
     from engine import __version__
 
     assert http.get("/version").json() == {"version": __version__}

@@ -82,7 +82,7 @@ def test_api_key_middleware_is_open_without_a_key(monkeypatch):
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
-    from engine.serving.app import APIKeyMiddleware
+    from engine.serving.middleware import APIKeyMiddleware
 
     inner = Starlette(routes=[Route("/v1/models", lambda r: PlainTextResponse("ok"), methods=["GET", "OPTIONS"]),
                               Route("/health", lambda r: PlainTextResponse("ok")),
@@ -109,7 +109,8 @@ def test_api_key_middleware_is_open_without_a_key(monkeypatch):
 def test_a_non_ascii_key_matches_as_the_utf8_bytes_a_client_sends(monkeypatch):
     from starlette.testclient import TestClient
 
-    from engine.serving.app import APIKeyMiddleware, create_app
+    from engine.serving.app import create_app
+    from engine.serving.middleware import APIKeyMiddleware
 
     monkeypatch.setenv("LLM_API_KEY", "clé-секрет")
     tc = TestClient(APIKeyMiddleware(create_app(lambda: None)))

@@ -1,4 +1,5 @@
-"""The OpenAI HTTP surface as a Starlette app: routes, body parsing, errors and API keys.
+"""The OpenAI HTTP surface as a Starlette app: routes, body parsing and errors (the API key
+and request ids are middleware.py's).
 
 The routes live in a small ASGI app rather than in BentoML API methods: OpenAI clients
 need exact paths, OpenAI's error object on every 4xx (including malformed JSON, which
@@ -16,22 +17,18 @@ import contextlib
 import json
 import logging
 import math
-import os
-import secrets
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine import __version__
 from engine.serving import jsontext, responses, tracing
-from engine.serving.errors import APIError, bad_request, to_api_error
+from engine.serving.errors import APIError, bad_request, error_response, to_api_error
 from engine.serving.handlers import OpenAIServing
 from engine.serving.openapi import openapi_document
 from engine.serving.protocol import (
@@ -41,24 +38,14 @@ from engine.serving.responses_protocol import ResponsesRequest
 
 logger = logging.getLogger(__name__)
 
-API_KEY_ENV = "LLM_API_KEY"
-# Everything that spends the model's or the tokenizer's time (vLLM leaves /tokenize open; a
-# chat template over an 8 MiB body is work enough to stall a server, so here it needs the key).
-PROTECTED_PREFIXES = ("/v1/", "/generate", "/chat", "/tokenize", "/detokenize")
-OPS_PREFIXES = ("/stats", "/metrics")  # behind the key too when the preset says so
 DEADLINE_HEADER = "X-Request-Timeout"  # seconds; a client's own deadline for one request
 
 GetServing = Callable[[], "OpenAIServing | None"]
 Handler = Callable[[OpenAIServing, Any], Awaitable[Any]]
 
 
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-
-
 UnknownFields = Literal["reject", "warn"]
 IGNORED_HEADER = "X-Ignored-Fields"  # what a lenient parse dropped, so the client can see it too
-REQUEST_ID_HEADER = "X-Request-Id"
 
 
 def parse(body: bytes, model: type[BaseModel], unknown: UnknownFields = "reject") -> tuple[Any, list[str]]:
@@ -350,8 +337,7 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
         return error_response(APIError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}",
                                        "invalid_request_error", None, code))
 
-    return Starlette(exception_handlers={404: http_error, 405: http_error},
-                     middleware=[Middleware(RequestIdMiddleware)], routes=[
+    return Starlette(exception_handlers={404: http_error, 405: http_error}, routes=[
         Route("/v1/chat/completions", route(ChatCompletionRequest, _chat), methods=["POST"]),
         Route("/v1/completions", route(CompletionRequest, _completions), methods=["POST"]),
         Route("/v1/responses", route(ResponsesRequest, _responses), methods=["POST"]),
@@ -365,32 +351,6 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/stats", stats, methods=["GET"]),
     ])
-
-
-class RequestIdMiddleware:
-    """X-Request-Id: the client's (bounded, printable) or a new one; echoed on the answer
-    and current while the request runs, so logs and its span carry it."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.lower().encode(), b"").decode("latin-1")
-        rid = given if 0 < len(given) <= 128 and given.isascii() and given.isprintable() else uuid.uuid4().hex
-        token = tracing.REQUEST_ID.set(rid)
-
-        async def tagged(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode("latin-1"))]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tagged)
-        finally:
-            tracing.REQUEST_ID.reset(token)
 
 
 class TypedRouteGuard:
@@ -445,37 +405,3 @@ class TypedRouteGuard:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             else:
                 await error_response(deadline_exceeded(timeout))(scope, receive, send)
-
-
-class APIKeyMiddleware:
-    """With $LLM_API_KEY set (one key, or several separated by commas, so keys can be
-    rotated), model routes and the tokenizer routes need `Authorization: Bearer <key>`;
-    else 401. `protect_ops` puts /stats and /metrics behind the key too; /health stays
-    open for probes. CORS preflights (OPTIONS) pass: browsers send them without
-    credentials, and the CORS middleware outside this one answers them."""
-
-    def __init__(self, app: Any, protect_ops: bool = False) -> None:
-        self.app = app
-        raw = os.environ.get(API_KEY_ENV) or ""
-        self.keys = [k.strip().encode("utf-8") for k in raw.split(",") if k.strip()]
-        self.prefixes = PROTECTED_PREFIXES + (OPS_PREFIXES if protect_ops else ())
-
-    def allowed(self, token: bytes) -> bool:
-        """The header's bytes as they arrived (a non-ASCII key is its UTF-8 bytes), compared
-        with every key in constant time, so timing tells nothing about any of them."""
-        given = token.strip()
-        hits = [secrets.compare_digest(given, key) for key in self.keys]
-        return any(hits)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if (self.keys and scope["type"] == "http" and scope["method"] != "OPTIONS"
-                and scope["path"].startswith(self.prefixes)):
-            headers = dict(scope.get("headers") or [])
-            scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-            if scheme.lower() != b"bearer" or not self.allowed(token):
-                resp = error_response(APIError(401, "Incorrect API key provided; send `Authorization: Bearer "
-                                               "<key>`.", "invalid_request_error", None, "invalid_api_key"))
-                resp.headers["WWW-Authenticate"] = "Bearer"
-                await resp(scope, receive, send)
-                return
-        await self.app(scope, receive, send)

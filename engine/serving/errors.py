@@ -34,6 +34,13 @@ class APIError(Exception):
         return ErrorResponse(error=self.detail).model_dump()
 
 
+def error_response(err: APIError) -> Any:
+    """The Starlette response for an APIError."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param, code)
 

@@ -28,6 +28,7 @@ from engine.serving.constraints import structured_output, token_keys
 from engine.serving.errors import APIError, bad_request, to_api_error
 from engine.serving.reasoning import ReasoningParser, ReasoningParserName, split_reasoning
 from engine.serving.response_store import ResponseStore
+from engine.serving.tool_formats import TailParser
 from engine.serving.protocol import (
     ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
     ChatMessage, ChatResponseMessage, ChatStreamChoice, ChatTokenLogprob, CompletionChoice, CompletionChunk,
@@ -41,11 +42,12 @@ from engine.serving.streams import DONE, Choice, Started, absorb, chain, collect
 class OpenAIServing:
     def __init__(self, llm: AsyncLLM, served_model_name: str, root: str | None = None,
                  aliases: Sequence[str] = (), store: ResponseStore | None = None,
-                 reasoning_parser: ReasoningParserName | None = None) -> None:
+                 reasoning_parser: ReasoningParserName | None = None, tool_call_parser: str | None = None) -> None:
         """`aliases`: other names clients may send as `model` (the Hugging Face id, say);
         responses always name the model by served_model_name. `store` keeps the
         Responses API's stored responses (engine/serving/responses.py);
-        `reasoning_parser` splits a <think> block from the answer (reasoning.py)."""
+        `reasoning_parser` splits a <think> block from the answer (reasoning.py);
+        `tool_call_parser` is the calls' format, by default the one the chat template teaches."""
         self.store = store if store is not None else ResponseStore()
         self.reasoning_parser = reasoning_parser
         self.llm = llm
@@ -55,6 +57,7 @@ class OpenAIServing:
         self.created = int(time.time())
         self._tok = llm.tokenizer
         self._native_tools = tools_mod.template_takes_tools(self._tok)
+        self.tool_format = tool_call_parser or tools_mod.template_format(self._tok)
         self.offload = Offload()
 
     # -- simple routes --------------------------------------------------------------
@@ -105,7 +108,7 @@ class OpenAIServing:
                     tools: list[Tool] | None = None, template_kwargs: dict[str, Any] | None = None) -> list[int]:
         if getattr(self._tok, "chat_template", None) is None:
             raise bad_request("this model has no chat template; send a prompt to /v1/completions", "messages")
-        conv, specs = tools_mod.render(messages, tools or [], self._native_tools)
+        conv, specs = tools_mod.render(messages, tools or [], self._native_tools, self.tool_format)
         try:
             return apply_chat_template(self._tok, conv, add_generation_prompt, specs, template_kwargs)
         except ValueError as exc:
@@ -177,7 +180,7 @@ class OpenAIServing:
             names = {"prompt": "messages", "logprobs": "top_logprobs"}
             if req.max_completion_tokens is not None:
                 names["max_tokens"] = "max_completion_tokens"
-        forced = tools_mod.constraint(tools, req.tool_choice, req.parallel_tool_calls)
+        forced = tools_mod.constraint(tools, req.tool_choice, req.parallel_tool_calls, self.tool_format)
         params = self.sampling_params(req, max_tokens, logprobs, names, forced)
         rid = random_id("chatcmpl")
         [started] = await self._start([prompt], params, rid, req, names, "chat")
@@ -200,7 +203,7 @@ class OpenAIServing:
         reasoning = None
         if self.reasoning_parser is not None:
             reasoning, text = split_reasoning(self.reasoning_parser, text)
-        text, calls = tools_mod.split_calls(text, tools) if tools else (text, [])
+        text, calls = tools_mod.split_calls(text, tools, self.tool_format) if tools else (text, [])
         return reasoning, text, calls
 
     def _chat_choice(self, index: int, c: Choice, tools: list[Tool], want_logprobs: bool) -> ChatChoice:
@@ -219,7 +222,7 @@ class OpenAIServing:
             return sse(ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=choices,
                                            usage=usage))
 
-        parsers = [tools_mod.CallParser(tools) if tools else None for _ in range(n)]
+        parsers = [tools_mod.call_parser(tools, self.tool_format) if tools else None for _ in range(n)]
         thinks = [ReasoningParser(self.reasoning_parser) if self.reasoning_parser else None for _ in range(n)]
         try:
             yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
@@ -392,7 +395,7 @@ def _refuse_unservable(req: ChatCompletionRequest) -> None:
             raise bad_request(f"the legacy `{name}` field is not supported; send `tools` and `tool_choice`", name)
 
 
-def _tool_delta(parser: tools_mod.CallParser, text: str, finish: str | None) -> tuple[DeltaMessage, str | None]:
+def _tool_delta(parser: tools_mod.CallParser | TailParser, text: str, finish: str | None) -> tuple[DeltaMessage, str | None]:
     """One streamed piece through the call parser: shown content, completed calls, and the
     finish reason (tool_calls when the choice called any)."""
     before = parser.calls

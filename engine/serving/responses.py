@@ -204,7 +204,7 @@ async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response,
     def snapshot() -> dict[str, Any]:
         return resp.model_dump(mode="json")
 
-    parser = tools_mod.CallParser(tools) if tools else None
+    parser = tools_mod.call_parser(tools, serving.tool_format) if tools else None
     think = ReasoningParser(serving.reasoning_parser) if serving.reasoning_parser else None
     choice = Choice()
     msg: OutputMessage | None = None

@@ -32,28 +32,40 @@ from engine.sampling_params import Constraint
 from engine.serving import jsontext
 from engine.serving.errors import bad_request
 from engine.serving.protocol import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall, ToolChoice
+from engine.serving.tool_formats import FORMATS, MISTRAL_TAG, TailParser, detect, partial_suffix
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 DEFAULT_PROMPT = """You can call functions to help answer. Each function is described by a JSON object on its own line:
 {tools}
 
-To call a function, reply with its name and arguments as one JSON object inside <tool_call></tool_call> tags, \
-one block per call, for example:
-<tool_call>
-{{"name": "function_name", "arguments": {{"argument": "value"}}}}
-</tool_call>
+To call a function, reply with {how}, for example:
+{example}
 Each result comes back inside <tool_response></tool_response> tags. Answer in plain text when no function is needed."""
+HOW = {"hermes": "its name and arguments as one JSON object inside <tool_call></tool_call> tags, one block per call",
+       "llama3_json": "only its name and parameters as one JSON object, calls separated by \"; \"",
+       "mistral": "[TOOL_CALLS] and then a JSON list of the calls, each with its name and arguments",
+       "pythonic": "only a Python list of the calls, with keyword arguments"}
+FORMAT_NAMES = ("hermes", *FORMATS)
 
 Conversation = list[dict[str, Any]]
 
 
-def template_takes_tools(tokenizer: Any) -> bool:
-    """Whether the chat template renders a `tools` list itself."""
+def _template(tokenizer: Any) -> str | None:
     tpl = getattr(tokenizer, "chat_template", None)
     if isinstance(tpl, dict):
         tpl = tpl.get("tool_use") or tpl.get("default")
-    return isinstance(tpl, str) and "tools" in tpl
+    return tpl if isinstance(tpl, str) else None
+
+
+def template_takes_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders a `tools` list itself."""
+    return "tools" in (_template(tokenizer) or "")
+
+
+def template_format(tokenizer: Any) -> str:
+    """The call format the chat template teaches (tool_formats.detect)."""
+    return detect(_template(tokenizer))
 
 
 def active_tools(tools: list[Tool] | None, choice: ToolChoice | None) -> list[Tool]:
@@ -78,7 +90,8 @@ def _choice_name(choice: ToolChoice) -> str:
     return f"`{choice}`" if isinstance(choice, str) else f"function `{choice.function.name}`"
 
 
-def render(messages: Sequence[ChatMessage], tools: list[Tool], native: bool) -> tuple[Conversation, list | None]:
+def render(messages: Sequence[ChatMessage], tools: list[Tool], native: bool,
+           fmt: str = "hermes") -> tuple[Conversation, list | None]:
     """The conversation for apply_chat_template and the `tools` to pass it (native templates only)."""
     conv: Conversation = []
     for i, m in enumerate(messages):
@@ -102,13 +115,18 @@ def render(messages: Sequence[ChatMessage], tools: list[Tool], native: bool) -> 
         elif role == "tool":
             conv.append({"role": "user", "content": f"<tool_response>\n{m.text()}\n</tool_response>"})
         else:
-            text = "\n".join([m.text()] * bool(m.text()) + [call_text(name, args) for _, name, args in calls])
+            written = [call_text(name, args, fmt) for _, name, args in calls] if fmt == "hermes" else \
+                [FORMATS[fmt].render([(name, args) for _, name, args in calls])] * bool(calls)
+            text = "\n".join([m.text()] * bool(m.text()) + written)
             conv.append({"role": role, "content": text})
     specs = [t.model_dump(exclude_none=True) for t in tools]
     if native:
         return conv, specs or None
     if specs:
-        prompt = DEFAULT_PROMPT.format(tools="\n".join(json.dumps(s, ensure_ascii=False) for s in specs))
+        example = call_text("function_name", {"argument": "value"}) if fmt == "hermes" else \
+            FORMATS[fmt].render([("function_name", {"argument": "value"})])
+        prompt = DEFAULT_PROMPT.format(tools="\n".join(json.dumps(s, ensure_ascii=False) for s in specs),
+                                       how=HOW[fmt], example=example)
         if conv and conv[0]["role"] == "system":
             conv[0] = {"role": "system", "content": prompt + "\n\n" + conv[0]["content"]}
         else:
@@ -120,12 +138,22 @@ def _arguments(fn: FunctionCall, field: str) -> Any:
     return jsontext.loads(fn.arguments, field, "arguments")
 
 
-def call_text(name: str, arguments: Any) -> str:
+def call_text(name: str, arguments: Any, fmt: str = "hermes") -> str:
     body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
     return f"{OPEN}\n{body}\n{CLOSE}"
 
 
-def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> Constraint | None:
+# A forced call's grammar per format: what opens a call to `name` (its arguments follow as
+# JSON), what closes it, and what separates calls.
+GRAMMAR = {
+    "hermes": (lambda name: f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": ', "}\n" + CLOSE, "\n"),
+    "llama3_json": (lambda name: f'{{"name": {json.dumps(name)}, "parameters": ', "}", "; "),
+    "mistral": (lambda name: f'{MISTRAL_TAG}[{{"name": {json.dumps(name)}, "arguments": ', "}]", ""),
+}
+
+
+def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool,
+               fmt: str = "hermes") -> Constraint | None:
     """The grammar a tool choice needs, as an xgrammar structural tag, or None.
 
     `required`: one or more calls (one without parallel calls) and nothing else, each
@@ -137,16 +165,23 @@ def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool) -> 
     forced = choice == "required" or isinstance(choice, NamedToolChoice)
     if not tools or not (forced or any(t.function.strict for t in tools)):
         return None
-    tags = [{"type": "tag", "begin": f'{OPEN}\n{{"name": {json.dumps(t.function.name)}, "arguments": ',
+    if fmt not in GRAMMAR:
+        if forced:
+            raise bad_request(f"the {fmt} tool-call format cannot be forced by a grammar; use tool_choice "
+                              "\"auto\"", "tool_choice")
+        return None  # strict under auto: the calls are parsed, not constrained
+    begin, end, separator = GRAMMAR[fmt]
+    tags = [{"type": "tag", "begin": begin(t.function.name),
              "content": {"type": "json_schema", "json_schema": t.function.parameters or {"type": "object"},
                          "max_whitespace_cnt": 4},  # room for indentation, none for endless blank lines
-             "end": "}\n" + CLOSE} for t in tools]
+             "end": end} for t in tools]
     if forced:
-        fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
-               "stop_after_first": not parallel or isinstance(choice, NamedToolChoice)}
+        spec = {"type": "tags_with_separator", "tags": tags, "separator": separator, "at_least_one": True,
+                "stop_after_first": not parallel or isinstance(choice, NamedToolChoice)}
     else:
-        fmt = {"type": "triggered_tags", "triggers": [OPEN], "tags": tags, "stop_after_first": not parallel}
-    return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
+        trigger = begin("")[:begin("").index('"name"') + 6] if fmt != "mistral" else MISTRAL_TAG
+        spec = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": not parallel}
+    return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": spec}))
 
 
 def new_call_id() -> str:
@@ -239,17 +274,20 @@ class CallParser:
                                                                 arguments=json.dumps(args, ensure_ascii=False)))
 
 
-def split_calls(text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
+def call_parser(tools: list[Tool], fmt: str = "hermes") -> CallParser | TailParser:
+    """The streaming call parser for this format."""
+    if fmt == "hermes":
+        return CallParser(tools)
+    return TailParser(FORMATS[fmt], {t.function.name for t in tools}, _call)
+
+
+def _call(name: str, args: dict[str, Any]) -> ToolCall:
+    return ToolCall(id=new_call_id(), function=FunctionCall(name=name, arguments=json.dumps(args, ensure_ascii=False)))
+
+
+def split_calls(text: str, tools: list[Tool], fmt: str = "hermes") -> tuple[str, list[ToolCall]]:
     """A whole output's content and calls."""
-    parser = CallParser(tools)
+    parser = call_parser(tools, fmt)
     head, calls = parser.feed(text)
     tail, more = parser.finish()
     return head + tail, calls + more
-
-
-def partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that begins `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0

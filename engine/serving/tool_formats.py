@@ -1,0 +1,196 @@
+"""Tool-call formats other than Hermes: Llama-3 JSON, Mistral and pythonic.
+
+Each is the way a model family writes its calls, and in each the calls take the rest of
+the output once they begin:
+
+    llama3_json  {"name": "get_weather", "parameters": {"city": "Paris"}}   (";"-separated,
+                 optionally after <|python_tag|>; only at the start of the output)
+    mistral      [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    pythonic     [get_weather(city="Paris"), get_time(zone="UTC")]          (only at the start)
+
+TailParser holds the text back from the marker on and parses it at the end: calls that
+all name offered functions with object arguments become calls, anything else stays
+content, as the Hermes parser does with a block it cannot read.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.serving import jsontext
+
+Call = tuple[str, dict[str, Any]]
+PYTHON_TAG = "<|python_tag|>"
+MISTRAL_TAG = "[TOOL_CALLS]"
+
+
+def _json_calls(text: str, args_keys: tuple[str, ...]) -> list[Call] | None:
+    """JSON objects (or arrays of them) one after another, separated by ';' or ','."""
+    decoder = json.JSONDecoder()
+    out: list[Call] = []
+    i, text = 0, text.strip()
+    while i < len(text):
+        if text[i] in " \n\t;,":
+            i += 1
+            continue
+        try:
+            obj, i = decoder.raw_decode(text, i)
+            jsontext.check_values(obj)
+        except Exception:  # noqa: BLE001 - not JSON we would hand a client (depth, NaN, ...): text
+            return None
+        for item in obj if isinstance(obj, list) else [obj]:
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                return None
+            args = next((item[k] for k in args_keys if k in item), {})
+            if isinstance(args, str):
+                args = jsontext.model_json(args)
+            if not isinstance(args, dict):
+                return None
+            out.append((item["name"], args))
+    return out or None
+
+
+def _llama3(text: str) -> list[Call] | None:
+    return _json_calls(text.strip().removeprefix(PYTHON_TAG), ("parameters", "arguments"))
+
+
+def _mistral(text: str) -> list[Call] | None:
+    calls: list[Call] = []
+    for part in text.split(MISTRAL_TAG):
+        if not part.strip():
+            continue
+        name, sep, args = part.partition("[ARGS]")  # the v11+ spelling: name[ARGS]{...}
+        if sep:
+            obj = jsontext.model_json(args)
+            if not isinstance(obj, dict) or not name.strip():
+                return None
+            calls.append((name.strip(), obj))
+            continue
+        got = _json_calls(part, ("arguments", "parameters"))
+        if got is None:
+            return None
+        calls += got
+    return calls or None
+
+
+def _pythonic(text: str) -> list[Call] | None:
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if not isinstance(tree, ast.List) or not tree.elts:
+        return None
+    calls: list[Call] = []
+    for node in tree.elts:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args):
+            return None
+        try:
+            args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+            return None
+        if len(args) != len(node.keywords):
+            return None
+        calls.append((node.func.id, args))
+    return calls
+
+
+def _pythonic_value(v: Any) -> str:
+    return repr(v)
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    markers: tuple[str, ...]  # what begins the calls
+    at_start: bool  # the calls can only begin the output
+    parse: Callable[[str], list[Call] | None]  # the text from the marker on
+    render: Callable[[list[Call]], str]  # calls as the model writes them (history, the default prompt)
+
+
+FORMATS = {
+    "llama3_json": ToolFormat("llama3_json", (PYTHON_TAG, "{"), True, _llama3,
+                              lambda calls: "; ".join(json.dumps({"name": n, "parameters": a}, ensure_ascii=False)
+                                                      for n, a in calls)),
+    "mistral": ToolFormat("mistral", (MISTRAL_TAG,), False, _mistral,
+                          lambda calls: MISTRAL_TAG + json.dumps([{"name": n, "arguments": a} for n, a in calls],
+                                                                 ensure_ascii=False)),
+    "pythonic": ToolFormat("pythonic", ("[",), True, _pythonic,
+                           lambda calls: "[" + ", ".join(f"{n}(" + ", ".join(
+                               f"{k}={_pythonic_value(v)}" for k, v in a.items()) + ")" for n, a in calls) + "]"),
+}
+
+
+def detect(template: str | None) -> str:
+    """The format a chat template teaches its model, Hermes when it says nothing."""
+    t = template or ""
+    if MISTRAL_TAG in t:
+        return "mistral"
+    if "<tool_call>" in t:
+        return "hermes"
+    if "func_name1(" in t or "[func_name(" in t:
+        return "pythonic"
+    if PYTHON_TAG in t or "ipython" in t:
+        return "llama3_json"
+    return "hermes"
+
+
+class TailParser:
+    """feed/finish/calls as tools.CallParser, for a format whose calls take the rest of
+    the output: text before the marker is content, the rest is held and parsed at the end."""
+
+    def __init__(self, fmt: ToolFormat, names: set[str], make: Callable[[str, dict[str, Any]], Any]) -> None:
+        self.fmt = fmt
+        self.names = names
+        self.make = make  # (name, arguments) -> ToolCall
+        self.buf = ""
+        self.holding = False
+        self.decided = False  # an at-start format has seen text that is not a marker: plain content now
+        self.calls = 0
+
+    def feed(self, text: str) -> tuple[str, list[Any]]:
+        self.buf += text
+        if self.holding or self.decided and self.fmt.at_start:
+            if self.holding:
+                return "", []
+            out, self.buf = self.buf, ""
+            return out, []
+        if self.fmt.at_start:
+            head = self.buf.lstrip()
+            if not head or any(m.startswith(head) for m in self.fmt.markers):
+                return "", []  # undecided: whitespace, or a marker's beginning
+            if any(head.startswith(m) for m in self.fmt.markers):
+                self.holding = True
+                return "", []
+            self.decided = True
+            out, self.buf = self.buf, ""
+            return out, []
+        [marker] = self.fmt.markers
+        at = self.buf.find(marker)
+        if at >= 0:
+            out, self.buf, self.holding = self.buf[:at], self.buf[at:], True
+            return out, []
+        keep = partial_suffix(self.buf, marker)
+        out, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
+        return out, []
+
+    def finish(self) -> tuple[str, list[Any]]:
+        text, self.buf = self.buf, ""
+        if not self.holding:
+            return text, []
+        parsed = self.fmt.parse(text if self.fmt.at_start else text[len(self.fmt.markers[0]):])
+        if parsed is None or any(name not in self.names for name, _ in parsed):
+            return text, []
+        self.calls += len(parsed)
+        return "", [self.make(name, args) for name, args in parsed]
+
+
+def partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that begins `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0

@@ -1,0 +1,154 @@
+"""Tool-call formats beside Hermes (Llama-3 JSON, Mistral, pythonic): each parses the same
+whole or streamed at any cut, leaves what is not a call as content, is picked from the
+chat template, and is served end to end by a tiny random model with a Llama-3.1-style
+template, held by a grammar (a forced call, or a literal output) to text in that format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.serving.protocol import Tool
+from engine.serving.tools import call_parser, split_calls
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+TOOLS = [Tool.model_validate(WEATHER), Tool.model_validate(TIME)]
+PARIS = ("get_weather", {"city": "Paris", "days": 2})
+CASES = [
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>',
+     "", [PARIS]),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}', "", [PARIS]),
+    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}; '
+                    '{"name": "get_time", "parameters": {}}', "", [PARIS, ("get_time", {})]),
+    ("llama3_json", 'The weather is {"sunny"}.', 'The weather is {"sunny"}.', []),
+    ("llama3_json", '{"name": "launch", "parameters": {}}', '{"name": "launch", "parameters": {}}', []),
+    ("mistral", 'Let me check.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}]',
+     "Let me check.", [PARIS]),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}[TOOL_CALLS]get_time[ARGS]{}', "",
+     [PARIS, ("get_time", {})]),
+    ("mistral", "[TOOL_CALLS][{broken", "[TOOL_CALLS][{broken", []),
+    ("pythonic", '[get_weather(city="Paris", days=2), get_time()]', "", [PARIS, ("get_time", {})]),
+    ("pythonic", "[1, 2, 3] are numbers", "[1, 2, 3] are numbers", []),
+    ("pythonic", "[get_weather(city=open('x'))]", "[get_weather(city=open('x'))]", []),
+    ("pythonic", "No calls here.", "No calls here.", []),
+]
+
+
+def _streamed(fmt: str, text: str, size: int) -> tuple[str, list]:
+    parser = call_parser(TOOLS, fmt)
+    content, calls = [], []
+    for i in range(0, len(text), size):
+        c, k = parser.feed(text[i:i + size])
+        content.append(c)
+        calls += k
+    c, k = parser.finish()
+    return "".join(content) + c, calls + k
+
+
+def _pairs(calls: list) -> list:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in calls]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("fmt", "text", "content", "calls"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_each_format_parses_the_same_whole_and_at_every_cut(fmt, text, content, calls):
+    got_content, got_calls = split_calls(text, TOOLS, fmt)
+    assert (got_content, _pairs(got_calls)) == (content, calls)
+    for size in (1, 7, 1000):
+        c, k = _streamed(fmt, text, size)
+        assert (c, _pairs(k)) == (content, calls), size
+
+
+@pytest.mark.unit
+def test_the_format_is_read_from_the_chat_template():
+    from engine.serving.tool_formats import detect
+
+    assert detect("{{ '<tool_call>' }}") == "hermes"
+    assert detect("{% if tools %}<|python_tag|>{% endif %}ipython") == "llama3_json"
+    assert detect("[AVAILABLE_TOOLS]{{ tools }}[TOOL_CALLS]") == "mistral"
+    assert detect("[func_name1(params_name1=params_value1)]") == "pythonic"
+    assert detect(None) == detect("{{ messages }}") == "hermes"
+
+
+# -- end to end ---------------------------------------------------------------------------------
+LLAMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def serve(tiny_model_factory):
+    """An app per format over one tiny engine."""
+    from starlette.testclient import TestClient
+
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from engine.serving.app import create_app
+    from engine.serving.async_llm import AsyncLLM
+    from engine.serving.handlers import OpenAIServing
+
+    path = tiny_model_factory("llama31-style-tiny")
+    (path / "chat_template.jinja").write_text(LLAMA_TEMPLATE)
+    cfg = EngineConfig.create(model=str(path), device="cpu", dtype="float32", max_model_len=512,
+                              kv_cache_memory_bytes=64 * 8192)
+    llm = AsyncLLM(LLMEngine(cfg))
+    clients = {}
+    for fmt in ("llama3_json", "mistral", "pythonic"):
+        serving = OpenAIServing(llm, "tiny", tool_call_parser=fmt)
+        clients[fmt] = TestClient(create_app(lambda s=serving: s)).__enter__()
+    yield clients
+    for tc in clients.values():
+        tc.__exit__(None, None, None)
+    llm.shutdown()
+
+
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.mark.served
+@pytest.mark.parametrize("fmt", ["llama3_json", "mistral"])
+def test_a_forced_call_in_each_format_follows_the_schema(serve, fmt):
+    bounded = {"type": "function", "function": {"name": "get_weather", "parameters": {  # a random model's
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},  # strings never end
+        "required": ["city"], "additionalProperties": False}}}
+    body = {"messages": ASK, "tools": [bounded, TIME], "max_tokens": 60, "temperature": 0,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    choice = serve[fmt].post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert choice["message"]["tool_calls"], choice
+    [call] = choice["message"]["tool_calls"]
+    args = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "get_weather" and args["city"] in ("Paris", "Rome")
+    assert choice["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.served
+@pytest.mark.parametrize(("fmt", "text"), [(f, t) for f, t, _, calls in CASES if calls and f != "hermes"])
+def test_generated_calls_in_each_format_are_served_streamed_or_not(serve, fmt, text):
+    body = {"messages": ASK, "tools": [WEATHER, TIME], "max_tokens": 120, "temperature": 0,
+            "structured_outputs": {"regex": _literal(text)}}
+    whole = serve[fmt].post("/v1/chat/completions", json=body).json()["choices"][0]
+    expected = split_calls(text, TOOLS, fmt)
+    assert [c["function"]["name"] for c in whole["message"]["tool_calls"]] == \
+        [c.function.name for c in expected[1]]
+    lines = serve[fmt].post("/v1/chat/completions", json={**body, "stream": True}).text.splitlines()
+    streamed = [d for x in lines if x.startswith("data: {")
+                for d in json.loads(x[6:])["choices"][0]["delta"].get("tool_calls") or []]
+    assert [d["function"]["arguments"] for d in streamed] == \
+        [c["function"]["arguments"] for c in whole["message"]["tool_calls"]]
+
+
+@pytest.mark.served
+def test_pythonic_calls_cannot_be_forced(serve):
+    r = serve["pythonic"].post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER],
+                                                             "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+
+
+def _literal(text: str) -> str:
+    special = set("\\.^$|?*+()[]{}/")
+    return "".join("\\n" if ch == "\n" else "\\" + ch if ch in special else ch for ch in text)
