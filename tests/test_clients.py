@@ -46,6 +46,11 @@ def test_responses_answer_and_continue_by_previous_response_id(client):
     follow = client.responses.create(model=MODEL, input="And the capital of Italy?", temperature=0,
                                      max_output_tokens=24, previous_response_id=first.id)
     assert "Rome" in follow.output_text and follow.previous_response_id == first.id
+    scored = client.responses.create(model=MODEL, input="Hi", temperature=0, max_output_tokens=5, top_logprobs=2,
+                                     include=["message.output_text.logprobs"], store=False)
+    lps = scored.output[0].content[0].logprobs
+    assert len(lps) == scored.usage.output_tokens and all(len(lp.top_logprobs) == 2 for lp in lps)
+    assert "".join(lp.token for lp in lps) == scored.output_text
     assert client.responses.retrieve(first.id).output_text == first.output_text
     client.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):

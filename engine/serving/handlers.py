@@ -211,7 +211,7 @@ class OpenAIServing:
         finish = "tool_calls" if calls and c.finish_reason == "stop" else c.finish_reason
         return ChatChoice(index=index, message=ChatResponseMessage(content=text or None if calls else text,
                                                                    reasoning_content=reasoning, tool_calls=calls),
-                          logprobs=self._chat_logprobs(c.logprobs) if want_logprobs else None,
+                          logprobs=self.chat_logprobs(c.logprobs) if want_logprobs else None,
                           finish_reason=finish, stop_reason=c.stop_reason)
 
     async def _chat_stream(self, rid: str, first: StreamOutput, gen: AsyncIterator[StreamOutput], n: int,
@@ -231,7 +231,7 @@ class OpenAIServing:
             async for out in chain(first, gen):
                 for d in out.deltas:
                     absorb(choices[d.index], d)
-                    lp = self._chat_logprobs(d.logprobs) if d.logprobs is not None else None
+                    lp = self.chat_logprobs(d.logprobs) if d.logprobs is not None else None
                     text, reasoning, finish = d.text, None, d.finish_reason
                     think, parser = thinks[d.index], parsers[d.index]
                     if think is not None:
@@ -258,7 +258,7 @@ class OpenAIServing:
     def _token_str(self, token_id: int) -> str:
         return self._tok.decode([token_id], skip_special_tokens=False)
 
-    def _chat_logprobs(self, lps: list[TokenLogprobs]) -> ChatChoiceLogprobs:
+    def chat_logprobs(self, lps: list[TokenLogprobs]) -> ChatChoiceLogprobs:
         def top(tid: int, lp: float) -> TopLogprob:
             s = self._token_str(tid)
             return TopLogprob(token=s, logprob=lp, bytes=list(s.encode()))

@@ -32,6 +32,7 @@ from engine.serving.responses_protocol import (
     ResponseDeleted, ResponsesRequest, ResponseUsage,
 )
 from engine.serving.reasoning import ReasoningParser
+from engine.messages import TokenLogprobs
 from engine.serving.async_llm import StreamOutput
 from engine.serving.streams import Choice, absorb, chain, collect, usage
 
@@ -66,7 +67,8 @@ async def create(serving: OpenAIServing, req: ResponsesRequest) -> Response | As
     if reasoning is not None:
         resp.output.append(OutputReasoning(content=[ReasoningText(text=reasoning)]))
     if text or not calls:
-        resp.output.append(OutputMessage(content=[OutputText(text=text)]))
+        lps = _logprobs(serving, choice.logprobs) if _wants_logprobs(req) else []
+        resp.output.append(OutputMessage(content=[OutputText(text=text, logprobs=lps)]))
     resp.output += [OutputFunctionCall(call_id=c.id, name=c.function.name, arguments=c.function.arguments)
                     for c in calls]
     _finish(resp, choice.finish_reason, last)
@@ -106,7 +108,7 @@ def _chat_request(req: ResponsesRequest, items: list[Item], skip: int) -> ChatCo
     return ChatCompletionRequest(
         model=req.model, messages=_messages(items, req.instructions, skip), stream=req.stream,
         max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p,
-        logprobs=req.top_logprobs is not None, top_logprobs=req.top_logprobs,
+        logprobs=_wants_logprobs(req), top_logprobs=req.top_logprobs,
         tools=[Tool(type="function", function=FunctionDef(name=t.name, description=t.description,
                                                           parameters=t.parameters, strict=t.strict))
                for t in req.tools] if req.tools else None,
@@ -135,6 +137,15 @@ def _messages(items: list[Item], instructions: str | None, skip: int) -> list[Ch
     if not out:
         raise bad_request("input must hold at least one item", "input")
     return out
+
+
+def _wants_logprobs(req: ResponsesRequest) -> bool:
+    return req.top_logprobs is not None or "message.output_text.logprobs" in (req.include or [])
+
+
+def _logprobs(serving: OpenAIServing, lps: list[TokenLogprobs]) -> list[dict[str, Any]]:
+    """Tokens' logprobs in the Responses shape, which is chat's: token, logprob, bytes, top_logprobs."""
+    return [x.model_dump() for x in serving.chat_logprobs(lps).content or []] if lps else []
 
 
 def _renamed(exc: APIError) -> APIError:
@@ -211,6 +222,9 @@ async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response,
     parts: list[str] = []
     rs: OutputReasoning | None = None
     thoughts: list[str] = []
+    want_lps = _wants_logprobs(req)
+    pending: list[dict[str, Any]] = []  # tokens' logprobs not yet sent with a text delta
+    msg_lps: list[dict[str, Any]] = []
 
     def close_reasoning() -> list[str]:
         nonlocal rs
@@ -228,14 +242,15 @@ async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response,
         if msg is None:
             return []
         idx, text = resp.output.index(msg), "".join(parts)
-        msg.content, msg.status = [OutputText(text=text)], status  # type: ignore[assignment]
+        msg.content, msg.status = [OutputText(text=text, logprobs=msg_lps[:])], status  # type: ignore[assignment]
         part = msg.content[0].model_dump(mode="json")
         events = [event("response.output_text.done", item_id=msg.id, output_index=idx, content_index=0, text=text,
-                        logprobs=[]),
+                        logprobs=msg_lps[:]),
                   event("response.content_part.done", item_id=msg.id, output_index=idx, content_index=0, part=part),
                   event("response.output_item.done", output_index=idx, item=msg.model_dump(mode="json"))]
         msg = None
         parts.clear()
+        msg_lps.clear()
         return events
 
     try:
@@ -245,6 +260,8 @@ async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response,
         async for last in chain(first, gen):
             for d in last.deltas:
                 absorb(choice, d)
+                if want_lps:
+                    pending += _logprobs(serving, d.logprobs or [])
                 raw, reasoning = d.text, ""
                 if think is not None:
                     reasoning, raw = think.feed(raw)
@@ -276,8 +293,10 @@ async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response,
                         yield event("response.content_part.added", item_id=msg.id, output_index=idx, content_index=0,
                                     part=OutputText(text="").model_dump(mode="json"))
                     parts.append(text)
+                    msg_lps += pending
                     yield event("response.output_text.delta", item_id=msg.id, output_index=resp.output.index(msg),
-                                content_index=0, delta=text, logprobs=[])
+                                content_index=0, delta=text, logprobs=pending)
+                    pending = []
                 for c in calls:
                     for e in close_message("completed"):
                         yield e
