@@ -143,12 +143,14 @@ def call_text(name: str, arguments: Any, fmt: str = "hermes") -> str:
     return f"{OPEN}\n{body}\n{CLOSE}"
 
 
-# A forced call's grammar per format: what opens a call to `name` (its arguments follow as
-# JSON), what closes it, and what separates calls.
+# A call's grammar per format: what opens a call to `name` (its arguments follow as JSON),
+# what closes it, what separates calls, and (under auto with a strict function) the text
+# that, once the model writes it, begins a call the grammar then holds to the schema.
 GRAMMAR = {
-    "hermes": (lambda name: f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": ', "}\n" + CLOSE, "\n"),
-    "llama3_json": (lambda name: f'{{"name": {json.dumps(name)}, "parameters": ', "}", "; "),
-    "mistral": (lambda name: f'{MISTRAL_TAG}[{{"name": {json.dumps(name)}, "arguments": ', "}]", ""),
+    "hermes": (lambda name: f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": ', "}\n" + CLOSE, "\n", OPEN),
+    "llama3_json": (lambda name: f'{{"name": {json.dumps(name)}, "parameters": ', "}", "; ", '{"name"'),
+    "mistral": (lambda name: f'{MISTRAL_TAG}[{{"name": {json.dumps(name)}, "arguments": ', "}]", "",
+                MISTRAL_TAG),
 }
 
 
@@ -170,7 +172,7 @@ def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool,
             raise bad_request(f"the {fmt} tool-call format cannot be forced by a grammar; use tool_choice "
                               "\"auto\"", "tool_choice")
         return None  # strict under auto: the calls are parsed, not constrained
-    begin, end, separator = GRAMMAR[fmt]
+    begin, end, separator, trigger = GRAMMAR[fmt]
     tags = [{"type": "tag", "begin": begin(t.function.name),
              "content": {"type": "json_schema", "json_schema": t.function.parameters or {"type": "object"},
                          "max_whitespace_cnt": 4},  # room for indentation, none for endless blank lines
@@ -179,7 +181,6 @@ def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool,
         spec = {"type": "tags_with_separator", "tags": tags, "separator": separator, "at_least_one": True,
                 "stop_after_first": not parallel or isinstance(choice, NamedToolChoice)}
     else:
-        trigger = begin("")[:begin("").index('"name"') + 6] if fmt != "mistral" else MISTRAL_TAG
         spec = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": not parallel}
     return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": spec}))
 
