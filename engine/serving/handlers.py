@@ -26,9 +26,6 @@ from engine.serving.admission import Offload
 from engine.serving.async_llm import AsyncLLM, StreamOutput
 from engine.serving.constraints import structured_output, token_keys
 from engine.serving.errors import APIError, bad_request, to_api_error
-from engine.serving.reasoning import ReasoningParser, ReasoningParserName, split_reasoning
-from engine.serving.response_store import ResponseStore
-from engine.serving.tool_formats import TailParser
 from engine.serving.protocol import (
     ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
     ChatMessage, ChatResponseMessage, ChatStreamChoice, ChatTokenLogprob, CompletionChoice, CompletionChunk,
@@ -36,7 +33,10 @@ from engine.serving.protocol import (
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, PromptLogprob, PromptLogprobs, SamplingFields,
     TokenizeRequest, TokenizeResponse, Tool, ToolCall, TopLogprob, UsageInfo, random_id,
 )
+from engine.serving.reasoning import ReasoningParser, ReasoningParserName, split_reasoning
+from engine.serving.response_store import ResponseStore
 from engine.serving.streams import DONE, Choice, Started, absorb, chain, collect, merge, prompt_list, sse, usage
+from engine.serving.tool_formats import TailParser
 
 
 class OpenAIServing:
