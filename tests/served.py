@@ -52,3 +52,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def tiny_llm(path: Path, chat_template: str):
+    """An AsyncLLM over a tiny random model (tests/conftest.py build_tiny_model) given this
+    chat template, its engine stepped on a thread: for serving a template's formats in-process."""
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from engine.serving.async_llm import AsyncLLM
+
+    (path / "chat_template.jinja").write_text(chat_template)
+    cfg = EngineConfig.create(model=str(path), device="cpu", dtype="float32", max_model_len=512,
+                              kv_cache_memory_bytes=64 * 8192)
+    return AsyncLLM(LLMEngine(cfg))
+
+
+def literal_regex(text: str) -> str:
+    """A regex matching exactly `text`: a grammar that makes a random model write it."""
+    special = set("\\.^$|?*+()[]{}/")
+    return "".join("\\n" if ch == "\n" else "\\" + ch if ch in special else ch for ch in text)

@@ -9,7 +9,9 @@ import json
 
 import pytest
 
-from engine.serving.reasoning import ReasoningParser, split_reasoning
+from engine.serving.reasoning import ReasoningParser
+from engine.serving.tools import Splitter
+from tests.served import literal_regex, tiny_llm
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 TEXTS = {
@@ -28,6 +30,12 @@ TEXTS = {
     ],
 }
 CASES = [(name, *case) for name, cases in TEXTS.items() for case in cases]
+
+
+def split_reasoning(name: str, text: str) -> tuple[str | None, str]:
+    """A whole output's reasoning (None when there was none) and content."""
+    reasoning, content, _ = Splitter([], reasoning=name).feed(text, final=True)  # type: ignore[arg-type]
+    return reasoning or None, content
 
 
 def _streamed(name: str, text: str, size: int) -> tuple[str, str]:
@@ -62,17 +70,10 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
 def app(tiny_model_factory):
     from starlette.testclient import TestClient
 
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
     from engine.serving.app import create_app
-    from engine.serving.async_llm import AsyncLLM
     from engine.serving.handlers import OpenAIServing
 
-    path = tiny_model_factory("qwen3-style-tiny")
-    (path / "chat_template.jinja").write_text(QWEN3_TEMPLATE)
-    cfg = EngineConfig.create(model=str(path), device="cpu", dtype="float32", max_model_len=512,
-                              kv_cache_memory_bytes=64 * 8192)
-    llm = AsyncLLM(LLMEngine(cfg))
+    llm = tiny_llm(tiny_model_factory("qwen3-style-tiny"), QWEN3_TEMPLATE)
     serving = OpenAIServing(llm, "tiny", reasoning_parser="qwen3")
     with TestClient(create_app(lambda: serving)) as tc:
         yield tc
@@ -83,7 +84,7 @@ def app(tiny_model_factory):
 def test_a_think_block_is_reasoning_and_a_call_inside_it_is_not_a_call(app):
     forced = f"<think>check {CALL}</think>\n\nIt is sunny."
     body = {"messages": [{"role": "user", "content": "Weather?"}], "tools": [TOOL], "max_tokens": 120,
-            "temperature": 0, "structured_outputs": {"regex": _literal(forced)}}
+            "temperature": 0, "structured_outputs": {"regex": literal_regex(forced)}}
     msg = app.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
     assert (msg["reasoning_content"], msg["content"], msg["tool_calls"]) == (f"check {CALL}", "It is sunny.", [])
     lines = app.post("/v1/chat/completions", json={**body, "stream": True}).text.splitlines()
@@ -97,14 +98,8 @@ def test_a_think_block_is_reasoning_and_a_call_inside_it_is_not_a_call(app):
 def test_a_call_after_the_think_block_is_a_call(app):
     forced = f"<think>I should call the tool.</think>\n\n{CALL}"
     body = {"messages": [{"role": "user", "content": "Weather?"}], "tools": [TOOL], "max_tokens": 120,
-            "temperature": 0, "structured_outputs": {"regex": _literal(forced)}}
+            "temperature": 0, "structured_outputs": {"regex": literal_regex(forced)}}
     choice = app.post("/v1/chat/completions", json=body).json()["choices"][0]
     assert choice["message"]["reasoning_content"] == "I should call the tool."
     [call] = choice["message"]["tool_calls"]
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris"} and choice["finish_reason"] == "tool_calls"
-
-
-def _literal(text: str) -> str:
-    """A regex matching exactly `text`."""
-    special = set("\\.^$|?*+()[]{}/")
-    return "".join("\\n" if ch == "\n" else "\\" + ch if ch in special else ch for ch in text)

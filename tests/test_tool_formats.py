@@ -10,7 +10,8 @@ import json
 import pytest
 
 from engine.serving.protocol import Tool
-from engine.serving.tools import call_parser, split_calls
+from engine.serving.tools import Splitter, call_parser
+from tests.served import literal_regex, tiny_llm
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -47,6 +48,12 @@ def _streamed(fmt: str, text: str, size: int) -> tuple[str, list]:
         calls += k
     c, k = parser.finish()
     return "".join(content) + c, calls + k
+
+
+def split_calls(text: str, tools: list[Tool], fmt: str) -> tuple[str, list]:
+    """A whole output's content and calls."""
+    _, content, calls = Splitter(tools, fmt).feed(text, final=True)
+    return content, calls
 
 
 def _pairs(calls: list) -> list:
@@ -86,17 +93,10 @@ def serve(tiny_model_factory):
     """An app per format over one tiny engine."""
     from starlette.testclient import TestClient
 
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
     from engine.serving.app import create_app
-    from engine.serving.async_llm import AsyncLLM
     from engine.serving.handlers import OpenAIServing
 
-    path = tiny_model_factory("llama31-style-tiny")
-    (path / "chat_template.jinja").write_text(LLAMA_TEMPLATE)
-    cfg = EngineConfig.create(model=str(path), device="cpu", dtype="float32", max_model_len=512,
-                              kv_cache_memory_bytes=64 * 8192)
-    llm = AsyncLLM(LLMEngine(cfg))
+    llm = tiny_llm(tiny_model_factory("llama31-style-tiny"), LLAMA_TEMPLATE)
     clients = {}
     for fmt in ("llama3_json", "mistral", "pythonic"):
         serving = OpenAIServing(llm, "tiny", tool_call_parser=fmt)
@@ -130,7 +130,7 @@ def test_a_forced_call_in_each_format_follows_the_schema(serve, fmt):
 @pytest.mark.parametrize(("fmt", "text"), [(f, t) for f, t, _, calls in CASES if calls and f != "hermes"])
 def test_generated_calls_in_each_format_are_served_streamed_or_not(serve, fmt, text):
     body = {"messages": ASK, "tools": [WEATHER, TIME], "max_tokens": 120, "temperature": 0,
-            "structured_outputs": {"regex": _literal(text)}}
+            "structured_outputs": {"regex": literal_regex(text)}}
     whole = serve[fmt].post("/v1/chat/completions", json=body).json()["choices"][0]
     expected = split_calls(text, TOOLS, fmt)
     assert [c["function"]["name"] for c in whole["message"]["tool_calls"]] == \
@@ -147,8 +147,3 @@ def test_pythonic_calls_cannot_be_forced(serve):
     r = serve["pythonic"].post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER],
                                                              "tool_choice": "required"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
-
-
-def _literal(text: str) -> str:
-    special = set("\\.^$|?*+()[]{}/")
-    return "".join("\\n" if ch == "\n" else "\\" + ch if ch in special else ch for ch in text)

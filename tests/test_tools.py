@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 from engine.serving.errors import APIError
 from engine.serving.protocol import ChatMessage, Tool
-from engine.serving.tools import CallParser, DEFAULT_PROMPT, active_tools, call_text, render
+from engine.serving.tools import CallParser, DEFAULT_PROMPT, active_tools, render, write_calls
 from tests.served import MODEL
 
 pytestmark = pytest.mark.timeout(600)
@@ -53,8 +53,8 @@ def _parse_all(text: str, pieces: int) -> tuple[str, list]:
 @pytest.mark.unit
 @pytest.mark.parametrize("pieces", [1, 7, 1000])
 def test_calls_come_out_of_the_text_however_it_is_split(pieces):
-    text = ("Let me check.\n" + call_text("get_weather", {"city": "Paris", "unit": "celsius"}) + "\n"
-            + call_text("get_time", {"city": "Paris"}))
+    text = ("Let me check.\n" + write_calls([("get_weather", {"city": "Paris", "unit": "celsius"})], "hermes") + "\n"
+            + write_calls([("get_time", {"city": "Paris"})], "hermes"))
     content, calls = _parse_all(text, pieces)
     assert content == "Let me check."
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
@@ -90,7 +90,7 @@ def test_a_template_without_tools_gets_the_default_prompt_and_hermes_history():
     assert conv[0]["role"] == "system" and conv[0]["content"].endswith("\n\nBe brief.")
     assert conv[0]["content"].startswith(DEFAULT_PROMPT.split("{tools}")[0])
     assert '"name": "get_weather"' in conv[0]["content"]
-    assert conv[2] == {"role": "assistant", "content": call_text("get_time", {"city": "Oslo"})}
+    assert conv[2] == {"role": "assistant", "content": write_calls([("get_time", {"city": "Oslo"})], "hermes")}
     assert conv[3] == {"role": "user", "content": "<tool_response>\n09:00\n</tool_response>"}
     native, specs = render(msgs, TOOLS, native=True)
     assert specs == [t.model_dump(exclude_none=True) for t in TOOLS] and native[3]["tool_call_id"] == "c1"

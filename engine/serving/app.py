@@ -77,37 +77,34 @@ def parse(body: bytes, model: type[BaseModel], unknown: UnknownFields = "reject"
 
 def _drop(data: Any, loc: tuple[Any, ...]) -> str:
     """Remove the unknown key at `loc` from the client's JSON; its path there."""
-    path, node = "", data
-    for part in loc[:-1]:
-        if isinstance(part, int) and isinstance(node, list) and part < len(node):
-            path, node = f"{path}[{part}]", node[part]
-        elif isinstance(part, str) and isinstance(node, dict) and part in node:
-            path, node = f"{path}.{part}", node[part]
-        # else a union member pydantic added to loc: not in the document, skip it
-    key = loc[-1]
+    path, node = _walk(data, loc[:-1])
     if isinstance(node, dict):
-        node.pop(key, None)
-    return f"{path}.{key}".lstrip(".")
+        node.pop(loc[-1], None)
+    return f"{path}.{loc[-1]}".lstrip(".")
 
 
 def _json_path(data: Any, loc: tuple[Any, ...]) -> str:
-    """The error's location in the client's JSON, e.g. messages[0].role.
+    """The error's location in the client's JSON, e.g. messages[0].role; a missing
+    top-level field is its own name."""
+    path, _ = _walk(data, loc)
+    return path or (loc[0] if loc and isinstance(loc[0], str) else "")
 
-    pydantic puts union members ("str", "list[int]", a tag) into loc; those are not in
-    the client's document, so the walk skips what it cannot find there.
-    """
+
+def _walk(data: Any, loc: tuple[Any, ...]) -> tuple[str, Any]:
+    """Follow a pydantic error location through the client's JSON: the path it reaches
+    (e.g. messages[0].content) and the node there. pydantic puts union members ("str",
+    "list[int]", a tag) into loc; those are not in the document, so the walk skips what
+    it cannot find there."""
     path, node = "", data
     for part in loc:
         if isinstance(part, int) and isinstance(node, list) and part < len(node):
             path += f"[{part}]"
         elif isinstance(part, str) and isinstance(node, dict) and part in node:
             path += f".{part}"
-        elif isinstance(part, str) and isinstance(node, dict) and not path:
-            return part  # a missing top-level field
         else:
             continue
         node = node[part]
-    return path.lstrip(".")
+    return path.lstrip("."), node
 
 
 class ClientGone(Exception):
@@ -231,12 +228,9 @@ def _openai_route(get_serving: GetServing, model: type[BaseModel], handler: Hand
         except ClientGone:
             return Response(status_code=499)
         except Exception as exc:  # noqa: BLE001
-            err = to_api_error(exc)
-            return JSONResponse(err.body(), status_code=err.status, headers={**err.headers, **headers})
+            return error_response(to_api_error(exc), headers)
         if isinstance(result, BaseModel):
             return Response(result.model_dump_json(), media_type="application/json", headers=headers)
-        if isinstance(result, str):  # JSON kept as text (a stored response)
-            return Response(result, media_type="application/json", headers=headers)
         return StreamingResponse(_sse(result, None if timeout is None else start + timeout),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})

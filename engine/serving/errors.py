@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from starlette.responses import JSONResponse
+
 from engine.errors import ParamError
 from engine.serving import tracing
 from engine.serving.admission import QueueFullError
@@ -34,11 +36,9 @@ class APIError(Exception):
         return ErrorResponse(error=self.detail).model_dump()
 
 
-def error_response(err: APIError) -> Any:
-    """The Starlette response for an APIError."""
-    from starlette.responses import JSONResponse
-
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+def error_response(err: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """The Starlette response for an APIError, with any further headers."""
+    return JSONResponse(err.body(), status_code=err.status, headers={**err.headers, **(headers or {})})
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

@@ -33,10 +33,9 @@ from engine.serving.protocol import (
     DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, PromptLogprob, PromptLogprobs, SamplingFields,
     TokenizeRequest, TokenizeResponse, Tool, ToolCall, TopLogprob, UsageInfo, random_id,
 )
-from engine.serving.reasoning import ReasoningParser, ReasoningParserName, split_reasoning
+from engine.serving.reasoning import ReasoningParserName
 from engine.serving.response_store import ResponseStore
 from engine.serving.streams import DONE, Choice, Started, absorb, chain, collect, merge, prompt_list, sse, usage
-from engine.serving.tool_formats import TailParser
 
 
 class OpenAIServing:
@@ -200,11 +199,12 @@ class OpenAIServing:
     def split(self, text: str, tools: list[Tool]) -> tuple[str | None, str, list[ToolCall]]:
         """A whole output's reasoning, content and tool calls: calls come from the content
         alone, never from inside a think block."""
-        reasoning = None
-        if self.reasoning_parser is not None:
-            reasoning, text = split_reasoning(self.reasoning_parser, text)
-        text, calls = tools_mod.split_calls(text, tools, self.tool_format) if tools else (text, [])
-        return reasoning, text, calls
+        reasoning, text, calls = self.splitter(tools).feed(text, final=True)
+        return reasoning or None, text, calls
+
+    def splitter(self, tools: list[Tool]) -> tools_mod.Splitter:
+        """A choice's splitter into reasoning, content and calls, under this server's parsers."""
+        return tools_mod.Splitter(tools, self.tool_format, self.reasoning_parser)
 
     def _chat_choice(self, index: int, c: Choice, tools: list[Tool], want_logprobs: bool) -> ChatChoice:
         reasoning, text, calls = self.split(c.text, tools)
@@ -222,8 +222,7 @@ class OpenAIServing:
             return sse(ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=choices,
                                            usage=usage))
 
-        parsers = [tools_mod.call_parser(tools, self.tool_format) if tools else None for _ in range(n)]
-        thinks = [ReasoningParser(self.reasoning_parser) if self.reasoning_parser else None for _ in range(n)]
+        splitters = [self.splitter(tools) for _ in range(n)]
         try:
             yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
                          for i in range(n)])
@@ -232,19 +231,9 @@ class OpenAIServing:
                 for d in out.deltas:
                     absorb(choices[d.index], d)
                     lp = self.chat_logprobs(d.logprobs) if d.logprobs is not None else None
-                    text, reasoning, finish = d.text, None, d.finish_reason
-                    think, parser = thinks[d.index], parsers[d.index]
-                    if think is not None:
-                        reasoning, text = think.feed(text)
-                        if finish is not None:
-                            more, tail = think.finish()
-                            reasoning, text = reasoning + more, text + tail
-                    delta = DeltaMessage(content=text if think is None else text or None)
-                    if parser is not None:
-                        delta, finish = _tool_delta(parser, text, finish)
-                    delta.reasoning_content = reasoning or None
-                    if (think or parser) and not (delta.content or delta.reasoning_content or delta.tool_calls
-                                                  or finish or lp):
+                    delta, finish = _delta(splitters[d.index], d.text, d.finish_reason)
+                    if splitters[d.index].holds and not (delta.content or delta.reasoning_content
+                                                         or delta.tool_calls or finish or lp):
                         continue  # text held back while a tag is undecided
                     yield chunk([ChatStreamChoice(index=d.index, delta=delta, logprobs=lp, finish_reason=finish,
                                                   stop_reason=d.stop_reason)],
@@ -395,19 +384,18 @@ def _refuse_unservable(req: ChatCompletionRequest) -> None:
             raise bad_request(f"the legacy `{name}` field is not supported; send `tools` and `tool_choice`", name)
 
 
-def _tool_delta(parser: tools_mod.CallParser | TailParser, text: str, finish: str | None) -> tuple[DeltaMessage, str | None]:
-    """One streamed piece through the call parser: shown content, completed calls, and the
-    finish reason (tool_calls when the choice called any)."""
-    before = parser.calls
-    content, calls = parser.feed(text)
-    if finish is not None:
-        tail, more = parser.finish()
-        content, calls = content + tail, calls + more
-        finish = "tool_calls" if parser.calls and finish == "stop" else finish
+def _delta(splitter: tools_mod.Splitter, text: str, finish: str | None) -> tuple[DeltaMessage, str | None]:
+    """One streamed piece through the choice's splitter: shown reasoning and content,
+    completed calls, and the finish reason (tool_calls when the choice called any)."""
+    before = splitter.num_calls
+    reasoning, content, calls = splitter.feed(text, final=finish is not None)
+    if splitter.num_calls and finish == "stop":
+        finish = "tool_calls"
     deltas = [DeltaToolCall(index=before + k, id=c.id, type="function",
                             function=DeltaFunctionCall(name=c.function.name, arguments=c.function.arguments))
               for k, c in enumerate(calls)]
-    return DeltaMessage(content=content or None, tool_calls=deltas or None), finish
+    return DeltaMessage(content=content if not splitter.holds else content or None,
+                        reasoning_content=reasoning or None, tool_calls=deltas or None), finish
 
 
 def _join_logprobs(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLogprobs:

@@ -70,11 +70,3 @@ class ReasoningParser:
             text = text.lstrip("\n")
             self.trim = not text
         content.append(text)
-
-
-def split_reasoning(name: ReasoningParserName, text: str) -> tuple[str | None, str]:
-    """A whole output's reasoning (None when there was none) and content."""
-    parser = ReasoningParser(name)
-    r1, c1 = parser.feed(text)
-    r2, c2 = parser.finish()
-    return (r1 + r2) or None, c1 + c2

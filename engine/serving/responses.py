@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from engine.serving import jsontext
-from engine.serving import tools as tools_mod
 from engine.serving.errors import APIError, bad_request
 from engine.serving.handlers import OpenAIServing
 from engine.serving.protocol import (
@@ -31,7 +30,6 @@ from engine.serving.responses_protocol import (
     OutputFunctionCall, OutputMessage, OutputReasoning, OutputText, ReasoningItem, ReasoningText, Response,
     ResponseDeleted, ResponsesRequest, ResponseUsage,
 )
-from engine.serving.reasoning import ReasoningParser
 from engine.messages import TokenLogprobs
 from engine.serving.async_llm import StreamOutput
 from engine.serving.streams import Choice, absorb, chain, collect, usage
@@ -215,8 +213,7 @@ async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response,
     def snapshot() -> dict[str, Any]:
         return resp.model_dump(mode="json")
 
-    parser = tools_mod.call_parser(tools, serving.tool_format) if tools else None
-    think = ReasoningParser(serving.reasoning_parser) if serving.reasoning_parser else None
+    splitter = serving.splitter(tools)
     choice = Choice()
     msg: OutputMessage | None = None
     parts: list[str] = []
@@ -262,12 +259,7 @@ async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response,
                 absorb(choice, d)
                 if want_lps:
                     pending += _logprobs(serving, d.logprobs or [])
-                raw, reasoning = d.text, ""
-                if think is not None:
-                    reasoning, raw = think.feed(raw)
-                    if d.finish_reason is not None:
-                        more, tail = think.finish()
-                        reasoning, raw = reasoning + more, raw + tail
+                reasoning, text, calls = splitter.feed(d.text, final=d.finish_reason is not None)
                 if reasoning:
                     if rs is None:
                         rs = OutputReasoning(status="in_progress")
@@ -277,10 +269,6 @@ async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response,
                     thoughts.append(reasoning)
                     yield event("response.reasoning_text.delta", item_id=rs.id, output_index=resp.output.index(rs),
                                 content_index=0, delta=reasoning)
-                text, calls = parser.feed(raw) if parser else (raw, [])
-                if d.finish_reason is not None and parser is not None:
-                    tail, more = parser.finish()
-                    text, calls = text + tail, calls + more
                 if text or calls:
                     for e in close_reasoning():
                         yield e

@@ -38,17 +38,24 @@ class Refusal(_Request):
     refusal: str
 
 
-def _part_kind(v: Any) -> str:
+def _type(v: Any) -> str:
+    """A union member's tag: its `type`."""
     return v.get("type", "") if isinstance(v, dict) else getattr(v, "type", "")
 
 
 ContentPart = Annotated[
     Annotated[InputText, Tag("input_text")] | Annotated[InputText, Tag("output_text")]
     | Annotated[InputText, Tag("text")] | Annotated[Refusal, Tag("refusal")],
-    Discriminator(_part_kind, custom_error_type="unsupported_content",
+    Discriminator(_type, custom_error_type="unsupported_content",
                   custom_error_message="unsupported content part type; this server takes text parts "
                                        "(input_text, output_text) and refusals"),
 ]
+
+
+def _text(content: str | list[ContentPart]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.text if isinstance(p, InputText) else p.refusal for p in content)
 
 
 class MessageItem(_Request):
@@ -59,9 +66,7 @@ class MessageItem(_Request):
     status: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text if isinstance(p, InputText) else p.refusal for p in self.content)
+        return _text(self.content)
 
 
 class FunctionCallItem(_Request):
@@ -81,9 +86,7 @@ class FunctionCallOutputItem(_Request):
     status: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(p.text if isinstance(p, InputText) else p.refusal for p in self.output)
+        return _text(self.output)
 
 
 class ReasoningItem(_Request):
@@ -120,13 +123,9 @@ class FunctionTool(_Request):
     strict: bool | None = None
 
 
-def _tool_kind(v: Any) -> str:
-    return v.get("type", "") if isinstance(v, dict) else getattr(v, "type", "")
-
-
 ResponsesTool = Annotated[
     Annotated[FunctionTool, Tag("function")],
-    Discriminator(_tool_kind, custom_error_type="unsupported_tool",
+    Discriminator(_type, custom_error_type="unsupported_tool",
                   custom_error_message="unsupported tool type; this server calls `function` tools only"),
 ]
 

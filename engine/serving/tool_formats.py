@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import ast
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from engine.serving import jsontext
+from engine.serving.protocol import FunctionCall, ToolCall
 
 Call = tuple[str, dict[str, Any]]
 PYTHON_TAG = "<|python_tag|>"
@@ -98,13 +100,8 @@ def _pythonic(text: str) -> list[Call] | None:
     return calls
 
 
-def _pythonic_value(v: Any) -> str:
-    return repr(v)
-
-
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str
     markers: tuple[str, ...]  # what begins the calls
     at_start: bool  # the calls can only begin the output
     parse: Callable[[str], list[Call] | None]  # the text from the marker on
@@ -112,16 +109,25 @@ class ToolFormat:
 
 
 FORMATS = {
-    "llama3_json": ToolFormat("llama3_json", (PYTHON_TAG, "{"), True, _llama3,
+    "llama3_json": ToolFormat((PYTHON_TAG, "{"), True, _llama3,
                               lambda calls: "; ".join(json.dumps({"name": n, "parameters": a}, ensure_ascii=False)
                                                       for n, a in calls)),
-    "mistral": ToolFormat("mistral", (MISTRAL_TAG,), False, _mistral,
+    "mistral": ToolFormat((MISTRAL_TAG,), False, _mistral,
                           lambda calls: MISTRAL_TAG + json.dumps([{"name": n, "arguments": a} for n, a in calls],
                                                                  ensure_ascii=False)),
-    "pythonic": ToolFormat("pythonic", ("[",), True, _pythonic,
-                           lambda calls: "[" + ", ".join(f"{n}(" + ", ".join(
-                               f"{k}={_pythonic_value(v)}" for k, v in a.items()) + ")" for n, a in calls) + "]"),
+    "pythonic": ToolFormat(("[",), True, _pythonic,
+                           lambda calls: "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items())
+                                                         + ")" for n, a in calls) + "]"),
 }
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def make_call(name: str, args: dict[str, Any]) -> ToolCall:
+    """A parsed call as the client gets it: a fresh id, the arguments as JSON text."""
+    return ToolCall(id=new_call_id(), function=FunctionCall(name=name, arguments=json.dumps(args, ensure_ascii=False)))
 
 
 def detect(template: str | None) -> str:
@@ -142,20 +148,19 @@ class TailParser:
     """feed/finish/calls as tools.CallParser, for a format whose calls take the rest of
     the output: text before the marker is content, the rest is held and parsed at the end."""
 
-    def __init__(self, fmt: ToolFormat, names: set[str], make: Callable[[str, dict[str, Any]], Any]) -> None:
+    def __init__(self, fmt: ToolFormat, names: set[str]) -> None:
         self.fmt = fmt
         self.names = names
-        self.make = make  # (name, arguments) -> ToolCall
         self.buf = ""
         self.holding = False
         self.decided = False  # an at-start format has seen text that is not a marker: plain content now
         self.calls = 0
 
-    def feed(self, text: str) -> tuple[str, list[Any]]:
+    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         self.buf += text
-        if self.holding or self.decided and self.fmt.at_start:
-            if self.holding:
-                return "", []
+        if self.holding:
+            return "", []
+        if self.decided:
             out, self.buf = self.buf, ""
             return out, []
         if self.fmt.at_start:
@@ -177,7 +182,7 @@ class TailParser:
         out, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
         return out, []
 
-    def finish(self) -> tuple[str, list[Any]]:
+    def finish(self) -> tuple[str, list[ToolCall]]:
         text, self.buf = self.buf, ""
         if not self.holding:
             return text, []
@@ -185,7 +190,7 @@ class TailParser:
         if parsed is None or any(name not in self.names for name, _ in parsed):
             return text, []
         self.calls += len(parsed)
-        return "", [self.make(name, args) for name, args in parsed]
+        return "", [make_call(name, args) for name, args in parsed]
 
 
 def partial_suffix(text: str, tag: str) -> int:

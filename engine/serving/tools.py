@@ -24,7 +24,6 @@ cannot dispatch.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +31,8 @@ from engine.sampling_params import Constraint
 from engine.serving import jsontext
 from engine.serving.errors import bad_request
 from engine.serving.protocol import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall, ToolChoice
-from engine.serving.tool_formats import FORMATS, MISTRAL_TAG, TailParser, detect, partial_suffix
+from engine.serving.reasoning import ReasoningParser, ReasoningParserName
+from engine.serving.tool_formats import FORMATS, MISTRAL_TAG, Call, TailParser, detect, make_call, partial_suffix
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -46,7 +46,6 @@ HOW = {"hermes": "its name and arguments as one JSON object inside <tool_call></
        "llama3_json": "only its name and parameters as one JSON object, calls separated by \"; \"",
        "mistral": "[TOOL_CALLS] and then a JSON list of the calls, each with its name and arguments",
        "pythonic": "only a Python list of the calls, with keyword arguments"}
-FORMAT_NAMES = ("hermes", *FORMATS)
 
 Conversation = list[dict[str, Any]]
 
@@ -115,18 +114,16 @@ def render(messages: Sequence[ChatMessage], tools: list[Tool], native: bool,
         elif role == "tool":
             conv.append({"role": "user", "content": f"<tool_response>\n{m.text()}\n</tool_response>"})
         else:
-            written = [call_text(name, args, fmt) for _, name, args in calls] if fmt == "hermes" else \
-                [FORMATS[fmt].render([(name, args) for _, name, args in calls])] * bool(calls)
+            written = [write_calls([(name, args) for _, name, args in calls], fmt)] if calls else []
             text = "\n".join([m.text()] * bool(m.text()) + written)
             conv.append({"role": role, "content": text})
     specs = [t.model_dump(exclude_none=True) for t in tools]
     if native:
         return conv, specs or None
     if specs:
-        example = call_text("function_name", {"argument": "value"}) if fmt == "hermes" else \
-            FORMATS[fmt].render([("function_name", {"argument": "value"})])
         prompt = DEFAULT_PROMPT.format(tools="\n".join(json.dumps(s, ensure_ascii=False) for s in specs),
-                                       how=HOW[fmt], example=example)
+                                       how=HOW[fmt], example=write_calls([("function_name", {"argument": "value"})],
+                                                                         fmt))
         if conv and conv[0]["role"] == "system":
             conv[0] = {"role": "system", "content": prompt + "\n\n" + conv[0]["content"]}
         else:
@@ -138,9 +135,12 @@ def _arguments(fn: FunctionCall, field: str) -> Any:
     return jsontext.loads(fn.arguments, field, "arguments")
 
 
-def call_text(name: str, arguments: Any, fmt: str = "hermes") -> str:
-    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"{OPEN}\n{body}\n{CLOSE}"
+def write_calls(calls: list[Call], fmt: str) -> str:
+    """Calls as a model trained on `fmt` writes them (earlier turns, the default prompt's example)."""
+    if fmt != "hermes":
+        return FORMATS[fmt].render(calls)
+    return "\n".join(f"{OPEN}\n" + json.dumps({"name": n, "arguments": a}, ensure_ascii=False) + f"\n{CLOSE}"
+                     for n, a in calls)
 
 
 # A call's grammar per format: what opens a call to `name` (its arguments follow as JSON),
@@ -183,10 +183,6 @@ def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool,
     else:
         spec = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": not parallel}
     return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": spec}))
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 class CallParser:
@@ -271,24 +267,42 @@ class CallParser:
             args = jsontext.model_json(args)
         if not isinstance(args, dict):
             return None
-        return ToolCall(id=new_call_id(), function=FunctionCall(name=obj["name"],
-                                                                arguments=json.dumps(args, ensure_ascii=False)))
+        return make_call(obj["name"], args)
 
 
 def call_parser(tools: list[Tool], fmt: str = "hermes") -> CallParser | TailParser:
     """The streaming call parser for this format."""
     if fmt == "hermes":
         return CallParser(tools)
-    return TailParser(FORMATS[fmt], {t.function.name for t in tools}, _call)
+    return TailParser(FORMATS[fmt], {t.function.name for t in tools})
 
 
-def _call(name: str, args: dict[str, Any]) -> ToolCall:
-    return ToolCall(id=new_call_id(), function=FunctionCall(name=name, arguments=json.dumps(args, ensure_ascii=False)))
+class Splitter:
+    """One choice's text, whole or as it streams, into reasoning (with a reasoning parser),
+    content and tool calls (with tools). Calls come from the content alone, so nothing
+    inside a think block becomes a call. Either parser may hold text back while a tag is
+    undecided (`holds`)."""
 
+    def __init__(self, tools: list[Tool], fmt: str = "hermes", reasoning: ReasoningParserName | None = None) -> None:
+        self.think = ReasoningParser(reasoning) if reasoning else None
+        self.parser = call_parser(tools, fmt) if tools else None
+        self.holds = self.think is not None or self.parser is not None
 
-def split_calls(text: str, tools: list[Tool], fmt: str = "hermes") -> tuple[str, list[ToolCall]]:
-    """A whole output's content and calls."""
-    parser = call_parser(tools, fmt)
-    head, calls = parser.feed(text)
-    tail, more = parser.finish()
-    return head + tail, calls + more
+    @property
+    def num_calls(self) -> int:
+        return self.parser.calls if self.parser else 0
+
+    def feed(self, text: str, final: bool) -> tuple[str, str, list[ToolCall]]:
+        """(reasoning, content, calls) that can be shown now; `final` flushes what is held."""
+        reasoning, calls = "", []
+        if self.think is not None:
+            reasoning, text = self.think.feed(text)
+            if final:
+                more, tail = self.think.finish()
+                reasoning, text = reasoning + more, text + tail
+        if self.parser is not None:
+            text, calls = self.parser.feed(text)
+            if final:
+                tail, more = self.parser.finish()
+                text, calls = text + tail, calls + more
+        return reasoning, text, calls
