@@ -17,20 +17,21 @@ from collections import deque
 import torch
 
 from engine import intake, spec, stopping
+from engine.beam import BeamSearch, Candidate
 from engine.config import EngineConfig, Placement
 from engine.detokenizer import Detokenizer
 from engine.errors import ParamError
 from engine.executor import create_executor
 from engine.kv_cache_manager import KVCacheManager
 from engine.models import loader
-from engine.messages import ModelInfo, RequestDelta, StepOutput, TokenLogprobs
+from engine.messages import CompletionDelta, ModelInfo, RequestDelta, StepOutput, TokenLogprobs
 from engine.request import Request
 from engine.rejection_sampler import Draft, Verdict
 from engine.runner import StepInput, StepLogits, prepare
 from engine.sampler import Sampler, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch, Scheduler
-from engine.sequence import Sequence
+from engine.sequence import Sequence, Status
 from engine.stats import EngineStats, StatsTracker, StepStats
 from engine.structured import Grammars
 
@@ -113,6 +114,8 @@ class LLMEngine:
             raise ParamError("priority", "priority needs the engine's scheduling_policy to be \"priority\"")
         if request_id in self.requests:
             raise ParamError("request_id", f"request_id {request_id!r} is already in use")
+        if params.use_beam_search and self.config.speculative_config is not None:
+            raise ParamError("use_beam_search", "beam search cannot run on an engine with speculative_config")
         token_ids = self.tokenize(prompt)
         admitted = intake.admit(token_ids, params, vocab_size=self.hf_config.vocab_size,
                                 max_model_len=self.max_model_len, max_num_seqs=self.config.max_num_seqs,
@@ -122,9 +125,14 @@ class LLMEngine:
         now = time.monotonic()
         seq = self._new_seq(request_id, token_ids, params, admitted, 0, cache_salt, now)
         seq.priority = priority
-        self.requests[request_id] = Request(request_id, params, [seq],
-                                            [Detokenizer(self.tokenizer, token_ids, params)], now,
-                                            pending_forks=params.n - 1)
+        req = Request(request_id, params, [seq], [Detokenizer(self.tokenizer, token_ids, params)], now,
+                      pending_forks=0 if params.use_beam_search else params.n - 1)
+        if params.use_beam_search:
+            req.beam = BeamSearch(params.n, admitted.max_tokens, params.length_penalty, params.early_stopping,
+                                  frozenset(() if params.ignore_eos else self.eos_token_ids),
+                                  frozenset(params.stop_token_ids))
+            seq.group = req.seqs
+        self.requests[request_id] = req
         self.scheduler.add(seq)
 
     def _new_seq(self, request_id: str, token_ids: list[int], params: SamplingParams, admitted: intake.Admitted,
@@ -144,8 +152,11 @@ class LLMEngine:
         for seq in req.seqs:
             if not seq.finished:
                 seq.finish_reason = "abort"
-                req.delta(seq).finish_reason = "abort"
+                if req.beam is None:
+                    req.delta(seq).finish_reason = "abort"
                 self._retire(seq)
+        if req.beam is not None:
+            req.deltas = {i: CompletionDelta(i, finish_reason="abort") for i in range(req.params.n)}
         return req.take_output()
 
     def has_unfinished(self) -> bool:
@@ -222,10 +233,16 @@ class LLMEngine:
         row_seqs: list[Sequence] = []
         drafts: list[Draft] = []
         logit_rows: list[int] = []
+        beams: dict[str, Request] = {}
         first = 0
         for seq, n in zip(out.sampling, out.rows):
             if not seq.finished:  # else aborted while in flight
                 req = self.requests[seq.request_id]
+                if req.beam is not None:
+                    req.beam.offer(seq, out.logits[first])
+                    beams[req.request_id] = req
+                    first += n
+                    continue
                 family = [seq, *self._fork(req, seq)] if n == 1 else [seq]
                 for s in family:
                     spec_ids, done = s.spec_token_ids, s.output_token_ids
@@ -237,13 +254,17 @@ class LLMEngine:
                     row_seqs.append(s)
                     drafts.append(Draft(spec_ids, s.spec_probs))
             first += n
-        if not rows:
-            return []
-        logits = out.logits if len(logit_rows) == out.logits.shape[0] else out.logits[logit_rows]
-        verdicts = self.sampler.verify(logits, rows, drafts)
-
         changed: dict[str, Request] = {}
         now = time.monotonic()
+        for req in beams.values():
+            if req.beam.ready(req.seqs):  # type: ignore[union-attr]
+                self._beam_step(req, now, stats)
+                if req.finished:
+                    changed[req.request_id] = req
+        verdicts = []
+        if rows:
+            logits = out.logits if len(logit_rows) == out.logits.shape[0] else out.logits[logit_rows]
+            verdicts = self.sampler.verify(logits, rows, drafts)
         for seq, draft, verdict in zip(row_seqs, drafts, verdicts):
             req = self.requests[seq.request_id]
             if draft.tokens:
@@ -284,6 +305,52 @@ class LLMEngine:
             self.kv_manager.fork(parent, child)
             self.scheduler.add_running(child)
         return children
+
+    def _beam_step(self, req: Request, now: float, stats: StepStats) -> None:
+        """One token for every beam: survivors fork from their parents (sharing blocks,
+        copy-on-write), beams with no survivor free their blocks at once."""
+        beam, live = req.beam, list(req.seqs)
+        assert beam is not None
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time, req.metrics.first_scheduled_time = now, live[0].first_scheduled_time
+            stats.prompt_tokens += live[0].num_prompt_tokens
+        chosen = beam.step(live)
+        stats.generation_tokens += len(live)
+        kids: dict[int, list[Candidate]] = {}
+        for c in chosen:
+            kids.setdefault(c.parent.seq_id, []).append(c)
+        for seq in live:
+            if seq.seq_id not in kids:
+                beam.cum.pop(seq.seq_id, None)
+                self._retire(seq)
+        if beam.done:
+            req.deltas = {d.index: d for d in beam.outputs(self.tokenizer, live[0].prompt_token_ids, req.params)}
+            return
+        seat: dict[int, Sequence] = {}  # id(candidate) -> the sequence that carries it on
+        for group in kids.values():  # every fork copies its parent's tokens before any is appended
+            parent = group[0].parent
+            for c in group[1:]:
+                seat[id(c)] = self._fork_beam(req, parent)
+            seat[id(group[0])] = parent
+        for c in chosen:
+            seq = seat[id(c)]
+            seq.token_ids.append(c.token)
+            beam.cum[seq.seq_id] = c.cum_logprob
+        req.seqs[:] = [seat[id(c)] for c in chosen]  # best first, as transformers orders its beams
+
+    def _fork_beam(self, req: Request, parent: Sequence) -> Sequence:
+        child = self._new_seq(req.request_id, parent.prompt_token_ids, req.params,
+                              intake.Admitted(parent.max_tokens, None), 0, parent.cache_salt, req.arrival_time)
+        child.token_ids = list(parent.token_ids)
+        child.num_computed_tokens, child.num_cached_tokens = parent.num_computed_tokens, parent.num_cached_tokens
+        child.num_preemptions, child.first_scheduled_time = parent.num_preemptions, parent.first_scheduled_time
+        child.priority, child.group = parent.priority, req.seqs
+        self.kv_manager.fork(parent, child)
+        if parent.status is Status.RUNNING:
+            self.scheduler.add_running(child)
+        else:  # preempted after its row was computed: the child waits to be recomputed with it
+            self.scheduler.add(child)
+        return child
 
     def _append(self, seq: Sequence, req: Request, tok: int, lp: TokenLogprobs | None, now: float,
                 stats: StepStats) -> None:

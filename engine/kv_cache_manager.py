@@ -96,7 +96,7 @@ class KVCacheManager:
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Let child share every block of parent; a later write to a shared partial block copies it."""
-        table = self.tables[parent.seq_id]
+        table = self.tables.get(parent.seq_id, [])  # none while a preempted parent waits
         self.pool.touch(table)
         self.tables[child.seq_id] = list(table)
         self._published[child.seq_id] = self._published.get(parent.seq_id, 0)

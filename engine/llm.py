@@ -11,8 +11,8 @@ from tqdm.auto import tqdm
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.errors import ParamError
-from engine.outputs import Collector, RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.outputs import BeamSearchOutput, Collector, RequestOutput
+from engine.sampling_params import BeamSearchParams, SamplingParams
 from engine.stats import EngineStats
 
 Message = dict[str, Any]
@@ -85,6 +85,12 @@ class LLM:
                 self.engine.abort(rid)
             raise
         return self._run(ids, collector, use_tqdm)
+
+    def beam_search(self, prompts: str | Sequence[str] | Sequence[list[int]], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search for every prompt, inside the engine (engine/beam.py): each output
+        holds all beam_width finished beams, best first by cum_logprob / len ** length_penalty."""
+        return [BeamSearchOutput.of(out) for out in self.generate(prompts, params.sampling_params(), use_tqdm)]
 
     def chat(
         self,

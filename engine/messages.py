@@ -42,6 +42,7 @@ class CompletionDelta(msgspec.Struct, array_like=True):
     finish_reason: str | None = None  # "stop", "length" or "abort", on the delta that ends it
     stop_reason: int | str | None = None  # the stop string or stop token that matched
     error: str | None = None  # why the engine ended it with "abort": nothing was left to sample
+    cumulative_logprob: float | None = None  # a beam's, sent with its whole output (engine/beam.py)
 
     def extend(self, later: CompletionDelta) -> None:
         """Fold a later delta of the same sequence into this one."""
@@ -51,6 +52,8 @@ class CompletionDelta(msgspec.Struct, array_like=True):
             self.logprobs += later.logprobs
         if later.finish_reason is not None:
             self.finish_reason, self.stop_reason, self.error = later.finish_reason, later.stop_reason, later.error
+        if later.cumulative_logprob is not None:
+            self.cumulative_logprob = later.cumulative_logprob
 
 
 class RequestMetrics(msgspec.Struct, array_like=True):

@@ -19,6 +19,7 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop string or stop token that matched
     logprobs: list[TokenLogprobs] | None = None  # per token, when asked for
     error: str | None = None  # set with finish_reason "abort" when the request's own constraints ended it
+    cumulative_logprob: float | None = None  # beam search: the sum of the output tokens' logprobs
 
     @property
     def finished(self) -> bool:
@@ -36,6 +37,33 @@ class RequestOutput:
     metrics: RequestMetrics | None = field(default=None, repr=False)
     # None for the first prompt token (nothing predicts it), then TokenLogprobs for each other.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+
+
+@dataclass
+class BeamSearchSequence:
+    """One finished beam, as vLLM's: `tokens` are the prompt's then the beam's."""
+
+    tokens: list[int]
+    text: str  # the beam's output, without its end token
+    cum_logprob: float
+    finish_reason: str | None
+    stop_reason: int | str | None
+    num_prompt_tokens: int
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.tokens[self.num_prompt_tokens:]
+
+
+@dataclass
+class BeamSearchOutput:
+    sequences: list[BeamSearchSequence]  # best first
+
+    @classmethod
+    def of(cls, out: RequestOutput) -> BeamSearchOutput:
+        prompt = out.prompt_token_ids
+        return cls([BeamSearchSequence(prompt + c.token_ids, c.text, c.cumulative_logprob or 0.0, c.finish_reason,
+                                       c.stop_reason, len(prompt)) for c in out.outputs])
 
 
 class Folder:
@@ -61,6 +89,8 @@ class Folder:
                 comp.logprobs += d.logprobs
             if d.finish_reason is not None:
                 comp.finish_reason, comp.stop_reason, comp.error = d.finish_reason, d.stop_reason, d.error
+            if d.cumulative_logprob is not None:
+                comp.cumulative_logprob = d.cumulative_logprob
         out.finished, out.num_cached_tokens, out.metrics = delta.finished, delta.num_cached_tokens, delta.metrics
         if delta.prompt_logprobs is not None:
             out.prompt_logprobs = delta.prompt_logprobs

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import msgspec
 import torch
 
+from engine.beam import BeamSearch
 from engine.detokenizer import Detokenizer
 from engine.messages import CompletionDelta, RequestDelta, RequestMetrics, TokenLogprobs
 from engine.sampler import token_logprobs
@@ -33,6 +34,7 @@ class Request:
     # Per prompt token, when asked for: None for the first (nothing predicts it), then TokenLogprobs.
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
+    beam: BeamSearch | None = None  # beam search's state; then `seqs` are the live beams
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(self.arrival_time)
@@ -83,14 +85,18 @@ class Request:
         if finished:
             self.metrics.finished_time = time.monotonic()
         first = self.seqs[0]
+        if self.beam is not None:  # one output, at the end: every beam, best first
+            num_output, reasons = self.beam.num_rows, [d.finish_reason or "abort" for d in self.deltas.values()]
+        else:
+            num_output, reasons = sum(s.num_output_tokens for s in self.seqs), [s.finish_reason or "abort"
+                                                                             for s in self.seqs]
         prompt_lps = None
         if (self.prompt_logprobs and not self.prompt_logprobs_sent
                 and len(self.prompt_logprobs) == first.num_prompt_tokens):
             prompt_lps, self.prompt_logprobs_sent = self.prompt_logprobs, True
         out = RequestDelta(
-            self.request_id, first.num_prompt_tokens, list(self.deltas.values()), finished,
-            sum(s.num_output_tokens for s in self.seqs), first.num_cached_tokens,
-            msgspec.structs.replace(self.metrics), prompt_lps,
-            [s.finish_reason or "abort" for s in self.seqs] if finished else None)
+            self.request_id, first.num_prompt_tokens, list(self.deltas.values()), finished, num_output,
+            first.num_cached_tokens, msgspec.structs.replace(self.metrics), prompt_lps,
+            reasons if finished else None)
         self.deltas = {}
         return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +58,10 @@ class SamplingParams:
     structured: Constraint | None = None  # engine/structured.py
     prompt_logprobs: int | None = None  # logprob and top-k of every prompt token (the first has none)
     bad_words: list[str] = field(default_factory=list)  # never generated, whether or not led by a space
+    # Beam search over n beams (engine/beam.py), ranked by cum_logprob / length ** length_penalty.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False  # True, False or "never", as in transformers
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -99,6 +105,25 @@ class SamplingParams:
 
         _check(self, "structured", self.structured is None or self.structured.kind in STRUCTURED_KINDS,
                f"kind must be one of {', '.join(STRUCTURED_KINDS)}")
+        self._check_beam()
+
+    def _check_beam(self) -> None:
+        """Beam search ranks the model's raw distribution: what reshapes or constrains it,
+        or reports per-token logprobs, is refused rather than silently left out."""
+        _check(self, "length_penalty", math.isfinite(self.length_penalty), "must be a finite number")
+        _check(self, "early_stopping", isinstance(self.early_stopping, bool) or self.early_stopping == "never",
+               'must be true, false or "never"')
+        if not self.use_beam_search:
+            for name in ("length_penalty", "early_stopping"):
+                if getattr(self, name) != _DEFAULTS[name]:
+                    raise ParamError(name, f"{name} applies only with use_beam_search")
+            return
+        _check(self, "temperature", self.temperature == 0,
+               "must be 0 (or unset) with use_beam_search: beam search is deterministic")
+        for name in BEAM_EXCLUDES:
+            if getattr(self, name) != _DEFAULTS[name]:
+                shown = "structured_outputs" if name == "structured" else name  # as engine/structured.py names it
+                raise ParamError(shown, f"{shown} cannot be combined with use_beam_search")
 
     @classmethod
     def trusted(cls, fields: dict[str, Any]) -> SamplingParams:
@@ -118,6 +143,37 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+@dataclass
+class BeamSearchParams:
+    """LLM.beam_search's parameters, shaped like vLLM's: beam_width beams, all returned.
+    temperature is there for vLLM callers and must stay 0: the search is deterministic."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+
+    def sampling_params(self) -> SamplingParams:
+        try:
+            return SamplingParams(n=self.beam_width, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
+                                  temperature=self.temperature, length_penalty=self.length_penalty,
+                                  early_stopping=self.early_stopping, use_beam_search=True)
+        except ParamError as exc:
+            if exc.param != "n":
+                raise
+            raise ParamError("beam_width", f"beam_width must be at least 1, got {self.beam_width!r}") from None
+
+
+# Fields whose non-default values beam search cannot honour.
+BEAM_EXCLUDES = ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                 "min_tokens", "stop", "logprobs", "prompt_logprobs", "logit_bias", "allowed_token_ids",
+                 "structured", "bad_words")
+_DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+             for f in dataclasses.fields(SamplingParams)}
 
 
 def _check(params: SamplingParams, name: str, ok: bool, why: str) -> None:

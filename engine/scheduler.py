@@ -91,34 +91,33 @@ class Scheduler:
         spec = self.num_spec
         if self.spec_max_batch is not None and len(self.running) > self.spec_max_batch:
             spec = 0
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            if seq.in_flight:
-                i += 1
-                continue
-            if len(batch.seqs) >= cap:
+        scheduled: set[int] = set()
+        for seq in list(self.running):  # a copy: preemption takes sequences out of running
+            if budget <= 0 or len(batch.seqs) >= cap:
                 break
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.status is not Status.RUNNING or seq.in_flight or seq.seq_id in scheduled:
+                continue
+            gap = seq.num_tokens - seq.num_computed_tokens
+            if gap == 0:
+                continue  # a beam whose next-token row waits for its siblings' (engine/beam.py)
+            # A request's decoding beams go together, or wait together for the next step.
+            unit = self._unit(seq, scheduled) if gap == 1 and seq.group is not None else [seq]
+            if len(unit) > 1 and (len(unit) > budget or len(batch.seqs) + len(unit) > cap):
+                break
+            nums = [1] * len(unit) if len(unit) > 1 else [min(gap, budget)]
             allow = 0
-            if spec and num_new == 1 and seq.num_tokens - seq.num_computed_tokens == 1:
+            if spec and len(unit) == 1 and gap == 1:
                 # never past max_tokens: the step emits at most allow + 1 tokens
                 allow = max(0, min(spec, budget - 1, seq.max_tokens - seq.num_output_tokens - 1))
-            num_new += allow
-            while not kv.allocate(seq, num_new):
-                victim = self._victim()
-                self._preempt(victim)
-                batch.num_preempted += 1
-                if victim is seq:
-                    break
-            else:
-                batch.seqs.append(seq)
+                nums[0] += allow
+            if not self._allocate(unit, nums, batch, scheduled):
+                break  # the unit itself was preempted: nothing after it was still running
+            for member, num_new in zip(unit, nums):
+                batch.seqs.append(member)
                 batch.num_new.append(num_new)
                 batch.spec_allow.append(allow)
+                scheduled.add(member.seq_id)
                 budget -= num_new
-                i += 1
-                continue
-            break  # seq itself was preempted: it was the last one running
 
         # Then admit waiting sequences, unless this step already had to preempt.
         while self.waiting and budget > 0 and not batch.num_preempted and len(batch.seqs) < cap:
@@ -150,12 +149,43 @@ class Scheduler:
         batch.copies = kv.take_copies()
         return batch
 
-    def _victim(self) -> Sequence:
-        """The last running sequence that is not in flight (the one being scheduled is not)."""
-        at = next(j for j in range(len(self.running) - 1, -1, -1) if not self.running[j].in_flight)
+    def _unit(self, seq: Sequence, scheduled: set[int]) -> list[Sequence]:
+        """seq and its beam siblings that are running, decoding and not yet in a batch."""
+        return [m for m in seq.group or [seq] if m.status is Status.RUNNING and not m.in_flight
+                and m.seq_id not in scheduled and m.num_tokens - m.num_computed_tokens == 1]
+
+    def _allocate(self, unit: list[Sequence], nums: list[int], batch: Batch, scheduled: set[int]) -> bool:
+        """Blocks for every sequence of the unit, preempting from the back of the running
+        list until they fit; False if the unit itself had to give way."""
+        kv = self.kv_manager
+        while not all(kv.allocate(member, n) for member, n in zip(unit, nums)):
+            gone = self._preempt(self._victim(scheduled), scheduled)
+            batch.num_preempted += len(gone)
+            if any(member in gone for member in unit):
+                return False
+        return True
+
+    def _victim(self, scheduled: set[int]) -> Sequence:
+        """The last running sequence neither in flight nor in this batch (the unit being
+        scheduled is neither)."""
+        at = next(j for j in range(len(self.running) - 1, -1, -1)
+                  if not self.running[j].in_flight and self.running[j].seq_id not in scheduled)
         return self.running.pop(at)
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, victim: Sequence, scheduled: set[int]) -> list[Sequence]:
+        """Free what the victim holds and, for a beam, what its siblings hold (those not in
+        flight or in this batch): a request's beams wait and come back together."""
+        gone = [victim]
+        for member in victim.group or ():
+            if (member is not victim and member.status is Status.RUNNING and not member.in_flight
+                    and member.seq_id not in scheduled):
+                self.running.remove(member)
+                gone.append(member)
+        for seq in gone:
+            self._requeue(seq)
+        return gone
+
+    def _requeue(self, seq: Sequence) -> None:
         """Free everything the sequence holds; it is recomputed from its known tokens later."""
         self.kv_manager.free(seq)
         seq.num_computed_tokens = seq.num_draft_computed = 0

@@ -48,6 +48,9 @@ class Sequence:
     matcher: Any = None  # engine.structured.Matcher when the output is constrained
     bad_words: list[list[int]] | None = None  # params.bad_words as token ids (engine/intake.py)
     priority: int = 0  # with scheduling_policy "priority": lower runs first
+    # Beam search: the request's live beams (this one among them), one list they all share, so
+    # that the scheduler runs and preempts them together. None for every other request.
+    group: list[Sequence] | None = None
     # In a pipeline's batch whose logits have not come back: not scheduled or preempted again
     # until they do (its next token is unknown and its KV is being written).
     in_flight: bool = False

@@ -22,6 +22,12 @@ tokens. `--rounds N` repeats all sides N times in turn and prints each round's r
     python scripts/bench_latency.py --prompt-len 256 --quantization gguf,int8 --no-hf --peer llama
     python scripts/bench_latency.py --workload grounded --no-hf --rounds 3 \
         --speculative '[{"method": "ngram"}, {"method": "draft", "quantization": "gguf"}]'
+
+Beam search: `--beam-width W` times our in-engine beam search against vLLM's design, a
+loop of one request per beam per step over our engine with prefix caching
+(scripts/beam_bench.py), on the random prompt, eos ignored.
+
+    python scripts/bench_latency.py --beam-width 4 --rounds 3
 """
 
 from __future__ import annotations
@@ -171,6 +177,8 @@ def main() -> None:
                          "scripts/workloads.py, until eos or --new-tokens")
     ap.add_argument("--speculative", default="[]", help="JSON list of speculative_config values to add")
     ap.add_argument("--rounds", type=int, default=1, help="run every side this many times in turn")
+    ap.add_argument("--beam-width", type=int, default=0, help="time beam search of this width instead")
+    ap.add_argument("--beam-side", help=argparse.SUPPRESS)  # internal: measure one beam-search side
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one engine side, print JSON
     ap.add_argument("--spec", help=argparse.SUPPRESS)  # internal: that side's speculative_config
     args = ap.parse_args()
@@ -181,6 +189,14 @@ def main() -> None:
     prompt = [rng.randrange(100, vocab) for _ in range(args.prompt_len)]
     if args.one is not None:
         return one_side(args, prompt)
+    if args.beam_width:
+        import beam_bench  # scripts/ is on sys.path when run as a script
+
+        if args.beam_side:
+            return beam_bench.one_side(args.beam_side, prompt, args.beam_width, args.new_tokens, args.repeats,
+                                       args.dtype)
+        return beam_bench.run(__file__, args.prompt_len, args.beam_width, args.new_tokens, args.repeats,
+                              args.rounds, args.dtype)
     if args.workload != "random" and (not args.no_hf or args.peer):
         ap.error("--workload chat/grounded compares our engines only: add --no-hf, leave out --peer")
     # Each engine runs in a process of its own: engines sharing one process slowed the

@@ -59,7 +59,35 @@ CHAT = [
     "What should I pack for a week-long trip to the beach?",
 ]
 
-WORKLOADS = {"grounded": GROUNDED, "chat": CHAT}
+# Short questions with short answers, for beam search against transformers (tests/test_beam.py).
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in one sentence.",
+    "List three primary colors.",
+    "What is 12 times 7?",
+    "Translate 'good morning' into Spanish.",
+    "Who wrote Romeo and Juliet?",
+    "Give me a synonym for 'happy'.",
+    "What is the boiling point of water in Fahrenheit?",
+    "Name a planet with rings.",
+    "Summarize the plot of Cinderella in two sentences.",
+    "What does a CPU do?",
+    "Suggest a name for a pet goldfish.",
+    "How many days are in a leap year?",
+    "What is the opposite of 'ancient'?",
+    "Write a one-line slogan for a coffee shop.",
+    "Why is the sky blue?",
+    "What language is spoken in Brazil?",
+    "Give an example of a mammal that lays eggs.",
+    "What is the square root of 81?",
+    "Describe a rainbow in five words.",
+    "What is the largest ocean on Earth?",
+    "Recommend a book for a long flight.",
+    "How do you say 'thank you' in Japanese?",
+]
+
+WORKLOADS = {"grounded": GROUNDED, "chat": CHAT, "questions": QUESTIONS}
 
 
 def prompts(tokenizer: Any, name: str) -> list[list[int]]:

@@ -192,6 +192,13 @@ BAD = [
     ("chat", {"model": MODEL, "messages": CHAT, "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "bogus"}}}}}],
         "tool_choice": "required"}, "tools"),
+    # beam search with what it cannot honour, and its fields without it
+    ("chat", {"model": MODEL, "messages": CHAT, "n": 2, "use_beam_search": True, "temperature": 0.8}, "temperature"),
+    ("chat", {"model": MODEL, "messages": CHAT, "use_beam_search": True, "logprobs": True}, "logprobs"),
+    ("completions", {"model": MODEL, "prompt": "hi", "use_beam_search": True, "logprobs": 1}, "logprobs"),
+    ("chat", {"model": MODEL, "messages": CHAT, "use_beam_search": True,
+              "response_format": {"type": "json_object"}}, "response_format"),
+    ("completions", {"model": MODEL, "prompt": "hi", "length_penalty": 0.5}, "length_penalty"),
 ]
 
 

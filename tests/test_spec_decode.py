@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from engine import LLM, BeamSearchParams, SamplingParams
 from engine.errors import ParamError
 from engine.models.llama import kv_block_bytes
 from engine.rejection_sampler import Draft
@@ -114,6 +114,10 @@ def test_drafts_never_reach_the_prefix_cache(tokenizer):
             assert kv._hashes(fresh, published * kv.block_size) == seq.block_hashes[:published]
             checked += 1
     assert checked and llm.stats().spec_num_draft_tokens > llm.stats().spec_num_accepted_tokens
+    # beam search forks sequences every step, which speculation's drafts cannot follow: refused by name
+    with pytest.raises(ParamError) as err:
+        llm.beam_search([prompts[0]], BeamSearchParams(2, 8))
+    assert err.value.param == "use_beam_search" and not engine.has_unfinished()
 
 
 def _chi2_fails(counts: torch.Tensor, p: torch.Tensor) -> bool:

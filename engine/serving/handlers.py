@@ -134,6 +134,8 @@ class OpenAIServing:
             "allowed_token_ids": req.allowed_token_ids,
             "include_stop_str_in_output": req.include_stop_str_in_output,
             "structured": structured_output(req, names, tool_call),
+            "use_beam_search": req.use_beam_search, "length_penalty": req.length_penalty,
+            "early_stopping": req.early_stopping,
         }
         for name, value in (("temperature", req.temperature), ("top_p", req.top_p), ("top_k", req.top_k),
                             ("min_p", req.min_p), ("repetition_penalty", req.repetition_penalty),
@@ -141,6 +143,9 @@ class OpenAIServing:
                             ("frequency_penalty", req.frequency_penalty)):
             if value is not None:
                 kw[name] = value
+            elif req.use_beam_search:  # the model's sampling defaults are for sampling, not beams
+                if name == "temperature":
+                    kw[name] = 0.0
             elif name in self.llm.info.sampling_defaults:
                 kw[name] = self.llm.info.sampling_defaults[name]
         try:
@@ -173,6 +178,8 @@ class OpenAIServing:
                                               req.chat_template_kwargs)
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+        if req.logprobs and req.use_beam_search:
+            raise bad_request("logprobs cannot be combined with use_beam_search", "logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if names is None:

@@ -175,6 +175,10 @@ class SamplingFields(_Request):
     skip_special_tokens: bool = True
     cache_salt: str | None = Field(None, description="isolates this tenant's prefix-cache entries")
     priority: int = 0  # lower is served first, with the engine's scheduling_policy "priority"
+    # beam search over n beams, all returned best first (vLLM's fields; early_stopping as transformers')
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older spellings
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None

@@ -1,0 +1,139 @@
+"""Beam search in the engine: equal to transformers' beam search, on shared blocks, and
+robust to aborts and preemption."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine import LLM, BeamSearchParams, SamplingParams
+from engine.errors import ParamError
+from engine.models.llama import kv_block_bytes
+from scripts.beam_oracle import DATA, hf_beams
+from tests.conftest import make_prompts
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(None, dtype="float32", max_model_len=1024)
+
+
+def beams(llm: LLM, prompts, width: int, max_tokens: int, **kw) -> list[list[list[int]]]:
+    outs = llm.beam_search(prompts, BeamSearchParams(width, max_tokens, **kw))
+    return [[s.output_token_ids for s in o.sequences] for o in outs]
+
+
+@pytest.mark.engine
+def test_beams_equal_transformers_on_24_chat_prompts(llm, hf_default):
+    """tests/data/beam_transformers.json holds transformers' beams (scripts/beam_oracle.py
+    --write); two of them are recomputed here, so the file cannot drift from the oracle."""
+    data = json.loads(DATA.read_text())
+    prompts, eos = data["prompts"], data["eos"]
+    assert len(prompts) == 24 and eos == llm.engine.eos_token_ids
+    for setting in data["settings"]:
+        width, lp = setting["beam_width"], setting["length_penalty"]
+        got = beams(llm, prompts, width, data["max_new_tokens"], length_penalty=lp, early_stopping=True)
+        best = sum(g[0] == w[0] for g, w in zip(got, setting["beams"]))
+        same = sum(sorted(map(tuple, g)) == sorted(map(tuple, w)) for g, w in zip(got, setting["beams"]))
+        assert best >= 22 and same >= 20, (width, lp, best, same)
+    for setting, i in ((data["settings"][0], 3), (data["settings"][-1], 17)):
+        live, _ = hf_beams(hf_default, prompts[i], setting["beam_width"], setting["length_penalty"], eos,
+                           data["max_new_tokens"])
+        assert live == setting["beams"][i]
+
+
+@pytest.mark.engine
+def test_beams_share_blocks_and_usage_counts_what_was_computed(tokenizer):
+    """W=4 on a 400-token prompt holds far fewer blocks than 4 copies of the sequence: the
+    prompt is shared, and a beam's blocks go back as soon as it is dropped."""
+    prompt = make_prompts(tokenizer, 1, 400)[0]
+    llm = LLM(None, dtype="float32", max_model_len=1024, enable_prefix_caching=False)
+    engine = llm.engine
+
+    def peak(params: SamplingParams) -> tuple[int, int]:
+        engine.add_request("r", prompt, params)
+        most, out = 0, None
+        while engine.has_unfinished():
+            for o in engine.step().outputs:
+                out = o
+            most = max(most, engine.kv_manager.pool.num_blocks - engine.kv_manager.pool.num_free)
+        assert out is not None and out.finished
+        return most, out.num_output_tokens
+
+    single, _ = peak(SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
+    beam, computed = peak(SamplingParams(n=4, temperature=0, max_tokens=48, ignore_eos=True, use_beam_search=True))
+    assert single == 28  # ceil(448 / 16)
+    assert beam < 1.3 * single, (beam, single)
+    # one row for the prompt's last position, then 4 beams for each of 47 more tokens
+    assert computed == 1 + 4 * 47
+    assert engine.kv_manager.pool.num_free == engine.kv_manager.pool.num_blocks
+
+
+@pytest.mark.engine
+def test_abort_mid_search_and_forced_preemption(tokenizer):
+    prompts = make_prompts(tokenizer, 6, 48)
+    params = BeamSearchParams(4, 24, length_penalty=0.6, early_stopping=True)
+    roomy = LLM(None, dtype="float32", max_model_len=256)
+    want = [[s.output_token_ids for s in o.sequences] for o in roomy.beam_search(prompts, params)]
+
+    engine = roomy.engine
+    engine.add_request("a", prompts[0], params.sampling_params())
+    for _ in range(6):
+        engine.step()
+    assert engine.kv_manager.pool.num_free < engine.kv_manager.pool.num_blocks
+    final = engine.abort("a")
+    assert final.finished and final.finish_reasons == ["abort"] * 4
+    assert engine.kv_manager.pool.num_free == engine.kv_manager.pool.num_blocks and not engine.has_unfinished()
+
+    # 24 blocks cannot hold 6 searches of 4 beams over 72 tokens: beams are preempted (with
+    # their siblings) and recomputed, and every search ends with the same beams.
+    tight = LLM(None, dtype="float32", max_model_len=256, max_num_batched_tokens=64,
+                kv_cache_memory_bytes=24 * kv_block_bytes(roomy.engine.hf_config, 16, torch.float32))
+    got = [[s.output_token_ids for s in o.sequences] for o in tight.beam_search(prompts, params)]
+    stats = tight.stats()
+    assert stats.num_preemptions > 0 and stats.blocks_free == stats.blocks_total
+    assert got == want
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("kw", "field"), [
+    (dict(temperature=0.7), "temperature"),
+    (dict(top_p=0.9), "top_p"),
+    (dict(stop=["."]), "stop"),
+    (dict(logprobs=2), "logprobs"),
+    (dict(min_tokens=3), "min_tokens"),
+    (dict(early_stopping="sometimes"), "early_stopping"),
+    (dict(length_penalty=float("nan")), "length_penalty"),
+])
+def test_what_beam_search_cannot_honour_is_refused_by_name(kw, field):
+    with pytest.raises(ParamError) as err:
+        SamplingParams(**{"n": 2, "temperature": 0.0, "use_beam_search": True, **kw})
+    assert err.value.param == field
+    with pytest.raises(ParamError) as err:
+        SamplingParams(length_penalty=0.5)
+    assert err.value.param == "length_penalty"  # meaningless without beam search, so not ignored
+    with pytest.raises(ParamError) as err:
+        BeamSearchParams(0, 16).sampling_params()
+    assert err.value.param == "beam_width"
+
+
+@pytest.mark.served
+def test_use_beam_search_returns_n_beams_best_first(client):
+    from tests.served import CHAT, MODEL
+
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", n=3, max_tokens=8,
+                                  extra_body={"use_beam_search": True, "ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1, 2] and len({c.text for c in r.choices}) == 3
+    assert r.usage.completion_tokens == 1 + 3 * 7  # every beam's computed positions
+    ask = dict(model=MODEL, messages=CHAT, n=2, max_tokens=24,
+               extra_body={"use_beam_search": True, "length_penalty": 0.6, "early_stopping": True})
+    whole = client.chat.completions.create(**ask)
+    # a stream carries each beam whole once the search ends: no beam is known before then
+    streamed = ["", ""]
+    for chunk in client.chat.completions.create(**ask, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+    assert streamed == [c.message.content for c in whole.choices] and streamed[0] != streamed[1]
+    assert "Paris" in streamed[0]
