@@ -46,6 +46,10 @@ def _child_seed(seed: int, index: int) -> int:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        if config.quantization == "gguf":
+            from engine.models import quantize
+
+            quantize.preflight(str(config.model or loader.default_model_path()))
         files = loader.resolve(config.model)
         hf_config = loader.load_config(files)
         placement = Placement.resolve(config, hf_config)

@@ -168,8 +168,18 @@ def _tensors(source: str) -> dict[str, Any]:
     return {t.name: t for t in _reader(source).tensors}
 
 
-def _blocks(tensors: dict[str, Any], name: str) -> tuple[int, torch.Tensor, int]:
-    """(type, [N, row_bytes] bytes, K) of one GGUF tensor, refused if no kernel reads its type."""
+def preflight(source: str) -> None:
+    """Refuse a file the kernels cannot serve before the loader spends seconds to minutes
+    dequantizing it: every GEMM tensor's block type is read from the header."""
+    tensors = _tensors(source)
+    gemms = {part for parts in GGUF_PARTS.values() for part in parts} | {"token_embd", "output"}
+    for name in tensors:
+        if name.endswith(".weight") and name.split(".")[-2] in gemms:
+            _qtype(tensors, name)
+
+
+def _qtype(tensors: dict[str, Any], name: str) -> int:
+    """The GGUF type of one tensor, refused if no kernel reads it."""
     t = tensors.get(name)
     if t is None:
         raise ParamError("quantization", f"the GGUF file has no tensor {name!r}")
@@ -178,6 +188,12 @@ def _blocks(tensors: dict[str, Any], name: str) -> tuple[int, torch.Tensor, int]
         supported = ", ".join(f.name for q, f in quant.FORMATS.items() if q != quant.INT8_ROWS)
         raise ParamError("quantization", f"GGUF tensor {name!r} is {t.tensor_type.name}; quantization 'gguf' "
                          f"serves {supported}")
+    return qtype
+
+
+def _blocks(tensors: dict[str, Any], name: str) -> tuple[int, torch.Tensor, int]:
+    """(type, [N, row_bytes] bytes, K) of one GGUF tensor."""
+    qtype, t = _qtype(tensors, name), tensors[name]
     k = int(t.shape[0])
     data = torch.from_numpy(t.data.copy()).view(torch.uint8).reshape(-1, quant.row_bytes(qtype, k))
     return qtype, data, k
