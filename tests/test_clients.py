@@ -81,6 +81,13 @@ def test_a_function_tool_round_trip_through_responses(client):
     assert call.name == "get_weather" and call.call_id.startswith("call_")
     args = json.loads(call.arguments)
     assert set(args) == {"city"} and isinstance(args["city"], str) and args["city"]
+    # streamed, the arguments come as they are generated and join to the same call
+    with client.responses.stream(model=MODEL, input="What is the weather in Paris?", tools=tools,
+                                 tool_choice="required", parallel_tool_calls=False, temperature=0) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
+        [streamed] = [o for o in stream.get_final_response().output if o.type == "function_call"]
+    assert len(deltas) > 1 and "".join(deltas) == streamed.arguments == call.arguments
+    assert streamed.name == call.name and streamed.status == "completed"
     answer = client.responses.create(model=MODEL, previous_response_id=asked.id, tools=tools, temperature=0,
                                      max_output_tokens=48, input=[{"type": "function_call_output",
                                                                    "call_id": call.call_id, "output": RESULT}])

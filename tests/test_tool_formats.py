@@ -10,6 +10,7 @@ import json
 import pytest
 
 from engine.serving.protocol import Tool
+from engine.serving.tool_formats import fold
 from engine.serving.tools import Splitter, call_parser
 from tests.served import literal_regex, tiny_llm
 
@@ -39,20 +40,20 @@ CASES = [
 ]
 
 
-def _streamed(fmt: str, text: str, size: int) -> tuple[str, list]:
-    parser = call_parser(TOOLS, fmt)
-    content, calls = [], []
+def _streamed(fmt: str, text: str, size: int, stream: bool) -> tuple[str, list]:
+    parser = call_parser(TOOLS, fmt, stream)
+    content, parts = [], []
     for i in range(0, len(text), size):
         c, k = parser.feed(text[i:i + size])
         content.append(c)
-        calls += k
+        parts += k
     c, k = parser.finish()
-    return "".join(content) + c, calls + k
+    return "".join(content) + c, fold(parts + k)
 
 
 def split_calls(text: str, tools: list[Tool], fmt: str) -> tuple[str, list]:
     """A whole output's content and calls."""
-    _, content, calls = Splitter(tools, fmt).feed(text, final=True)
+    _, content, calls = Splitter(tools, fmt).whole(text)
     return content, calls
 
 
@@ -66,8 +67,9 @@ def test_each_format_parses_the_same_whole_and_at_every_cut(fmt, text, content, 
     got_content, got_calls = split_calls(text, TOOLS, fmt)
     assert (got_content, _pairs(got_calls)) == (content, calls)
     for size in (1, 7, 1000):
-        c, k = _streamed(fmt, text, size)
-        assert (c, _pairs(k)) == (content, calls), size
+        for stream in (False, True):  # whole calls, or arguments as they come
+            c, k = _streamed(fmt, text, size, stream)
+            assert (c, _pairs(k)) == (content, calls), (size, stream)
 
 
 @pytest.mark.unit
@@ -111,7 +113,7 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 @pytest.mark.served
-@pytest.mark.parametrize("fmt", ["llama3_json", "mistral"])
+@pytest.mark.parametrize("fmt", ["llama3_json", "mistral", "pythonic"])
 def test_a_forced_call_in_each_format_follows_the_schema(serve, fmt):
     bounded = {"type": "function", "function": {"name": "get_weather", "parameters": {  # a random model's
         "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},  # strings never end
@@ -142,8 +144,46 @@ def test_generated_calls_in_each_format_are_served_streamed_or_not(serve, fmt, t
         [c["function"]["arguments"] for c in whole["message"]["tool_calls"]]
 
 
+@pytest.mark.unit
+def test_the_pythonic_grammar_holds_calls_to_their_schemas():
+    """Forced pythonic calls are Python literals in the schema's shape: the grammar takes
+    what the schema allows (in its order, optional arguments left out) and nothing else."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from engine.serving.errors import APIError
+    from engine.serving.pythonic_grammar import grammar
+    from engine.serving.tool_formats import _pythonic
+
+    rich = Tool.model_validate({"type": "function", "function": {"name": "plan", "parameters": {
+        "type": "object", "required": ["city"], "additionalProperties": False, "properties": {
+            "city": {"type": "string", "maxLength": 5}, "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+            "opts": {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": ["number", "null"]}},
+                     "required": ["b"]}, "extra": {}}}}})
+    g = xgrammar.Grammar.from_ebnf(grammar([rich, TOOLS[1]], parallel=True))
+    good = ['[plan(city="Pé")]', '[get_time(), plan(city="a", unit="f")]',
+            '[plan(city="ab", days=-3, unit="c", tags=["x", "y"], opts={"b": None}, extra=[1, {"k": True}])]']
+    bad = ['[plan(city="Paris!")]', '[plan(days=3)]', '[plan(unit="c", city="a")]', '[plan(city="a", days=1.5)]',
+           '[plan(city="a", tags=["a", "b", "c"])]', '[plan(city="a", opts={"a": True})]', 'plan(city="a")']
+    assert all(_is_grammar_accept_string(g, s) and _pythonic(s) for s in good)
+    assert not any(_is_grammar_accept_string(g, s) for s in bad)
+    one = xgrammar.Grammar.from_ebnf(grammar([TOOLS[1]], parallel=False))
+    assert not _is_grammar_accept_string(one, "[get_time(), get_time()]")
+    at = "tools[0].function.parameters.properties.c"
+    for schema, param in [({"type": "string", "pattern": "^[A-Z]"}, f"{at}.pattern"),
+                          ({"type": "integer", "minimum": 0}, f"{at}.minimum")]:
+        tool = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"c": schema}}}})
+        with pytest.raises(APIError) as err:
+            grammar([tool], parallel=False)
+        assert err.value.detail.param == param  # what the grammar cannot hold the model to is refused, not dropped
+
+
 @pytest.mark.served
-def test_pythonic_calls_cannot_be_forced(serve):
-    r = serve["pythonic"].post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER],
+def test_a_forced_pythonic_call_the_grammar_cannot_hold_is_a_400_naming_the_keyword(serve):
+    pattern = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Z]"}}}}}
+    r = serve["pythonic"].post("/v1/chat/completions", json={"messages": ASK, "tools": [pattern],
                                                              "tool_choice": "required"})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0].function.parameters.properties.city.pattern"

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from engine.serving.errors import APIError
 from engine.serving.protocol import ChatMessage, Tool
+from engine.serving.tool_formats import CallDelta, fold
 from engine.serving.tools import CallParser, DEFAULT_PROMPT, active_tools, render, write_calls
 from tests.served import MODEL
 
@@ -37,16 +38,21 @@ ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 TOOLS = [Tool.model_validate(WEATHER), Tool.model_validate(TIME)]
 
 
-def _parse_all(text: str, pieces: int) -> tuple[str, list]:
-    """Feed `text` in `pieces` roughly equal chunks, as a stream would, and flush."""
-    p = CallParser(TOOLS)
-    step = max(1, len(text) // pieces)
-    out, calls = "", []
-    for i in range(0, len(text), step):
-        c, k = p.feed(text[i:i + step])
-        out, calls = out + c, calls + k
+def _parse_all(text: str, pieces: int, stream: bool = False) -> tuple[str, list]:
+    """Feed `text` in `pieces` roughly equal chunks, as a stream would, flush, and join
+    the calls' parts as a client does."""
+    content, parts = _parts(text, max(1, len(text) // pieces), stream)
+    return content, fold(parts)
+
+
+def _parts(text: str, size: int, stream: bool) -> tuple[str, list[CallDelta]]:
+    p = CallParser(TOOLS, stream)
+    out, parts = "", []
+    for i in range(0, len(text), size):
+        c, k = p.feed(text[i:i + size])
+        out, parts = out + c, parts + k
     c, k = p.finish()
-    return out + c, calls + k
+    return out + c, parts + k
 
 
 # -- in-process: parsing and rendering --------------------------------------------------------
@@ -71,6 +77,33 @@ def test_plain_answers_and_broken_calls_stay_text(pieces):
                 '<tool_call>\n{"name": "get_time", "arguments": {"city": </tool_call>',  # not JSON
                 '<tool_call>\n{"name": "get_time", "arguments": {"city": "Pa']:  # cut off by max_tokens
         assert _parse_all(bad, pieces) == (bad, []), bad
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("size", [1, 7, 1000])
+def test_streamed_arguments_join_to_the_whole_calls_arguments(size):
+    """Streaming, a call opens as soon as its name is read and its arguments follow as the
+    model writes them, spaced and escaped its own way; joined, they are exactly the
+    arguments of the same text parsed whole."""
+    text = ('Sure.\n<tool_call>\n{ "name" : "get_weather", "arguments":'
+            '{"city" :"Par\\u00eds \\"x\\" \\ud83d\\ude00 日本",'
+            '"unit": "celsius", "n": [1, 2.50, -0, 1E3, true, null, {}], "deep": {"a": {"b": []}}}}\n</tool_call>\n'
+            '<tool_call>{"name": "get_time", "arguments": {"city": "Rome"}}</tool_call> Done.')
+    whole = _parse_all(text, 1)
+    content, parts = _parts(text, size, stream=True)
+    assert (content, [(c.id[:5], c.function.name, c.function.arguments) for c in fold(parts)]) == \
+        (whole[0], [(c.id[:5], c.function.name, c.function.arguments) for c in whole[1]])
+    assert json.loads(fold(parts)[0].function.arguments)["city"] == 'París "x" 😀 日本'
+    first = [p for p in parts if p.index == 0]
+    assert first[0].id and first[0].name == "get_weather" and first[-1].done
+    if size < 100:  # cut finely, the first call's arguments come in many parts, before its block closes
+        assert sum(1 for p in first if p.arguments) > 10
+    # a streamed call that breaks off (max_tokens) keeps what was sent, as OpenAI's API does;
+    # whole, the same text is no call and stays content
+    cut = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Ro'
+    assert [(c.function.name, c.function.arguments) for c in _parse_all(cut, len(cut) // size or 1, True)[1]] == \
+        [("get_time", '{"city": "Ro')]
+    assert _parse_all(cut, 1) == (cut, [])
 
 
 @pytest.mark.unit
@@ -146,12 +179,14 @@ def test_required_tool_round_trip(client, http):
 
 @pytest.mark.served
 def test_required_tool_round_trip_streamed(client, http):
-    chunks = list(client.chat.completions.create(
-        model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False,
-        max_tokens=80, temperature=1.0, seed=7, stream=True))
+    ask = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False,
+               max_tokens=80, temperature=1.0, seed=7)
+    chunks = list(client.chat.completions.create(**ask, stream=True))
     calls: dict[int, dict] = {}
+    parts = 0
     for ch in chunks:
         for d in ch.choices[0].delta.tool_calls or []:
+            parts += bool(d.function.arguments)
             c = calls.setdefault(d.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
             c["id"] += d.id or ""
             c["function"]["name"] += d.function.name or ""
@@ -159,6 +194,9 @@ def test_required_tool_round_trip_streamed(client, http):
     assert list(calls) == [0] and calls[0]["id"].startswith("call_")
     fn = calls[0]["function"]
     (GetWeather if fn["name"] == "get_weather" else GetTime).model_validate_json(fn["arguments"])
+    assert parts > 3  # the arguments streamed as they were generated, not in one piece at the end
+    whole = client.chat.completions.create(**ask).choices[0].message.tool_calls[0].function
+    assert (fn["name"], fn["arguments"]) == (whole.name, whole.arguments)  # the same seed, the same call
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
     _round_trip(client, http, {"role": "assistant", "tool_calls": [calls[0]]})
 

@@ -186,7 +186,7 @@ class OpenAIServing:
             names = {"prompt": "messages", "logprobs": "top_logprobs"}
             if req.max_completion_tokens is not None:
                 names["max_tokens"] = "max_completion_tokens"
-        forced = tools_mod.constraint(tools, req.tool_choice, req.parallel_tool_calls, self.tool_format)
+        forced = tools_mod.constraint(tools, req.tool_choice, req.parallel_tool_calls, self.tool_format, req.tools)
         params = self.sampling_params(req, max_tokens, logprobs, names, forced)
         rid = random_id("chatcmpl")
         [started] = await self._start([prompt], params, rid, req, names, "chat")
@@ -206,12 +206,13 @@ class OpenAIServing:
     def split(self, text: str, tools: list[Tool]) -> tuple[str | None, str, list[ToolCall]]:
         """A whole output's reasoning, content and tool calls: calls come from the content
         alone, never from inside a think block."""
-        reasoning, text, calls = self.splitter(tools).feed(text, final=True)
+        reasoning, text, calls = self.splitter(tools).whole(text)
         return reasoning or None, text, calls
 
-    def splitter(self, tools: list[Tool]) -> tools_mod.Splitter:
-        """A choice's splitter into reasoning, content and calls, under this server's parsers."""
-        return tools_mod.Splitter(tools, self.tool_format, self.reasoning_parser)
+    def splitter(self, tools: list[Tool], stream: bool = False) -> tools_mod.Splitter:
+        """A choice's splitter into reasoning, content and calls, under this server's
+        parsers; `stream` sends calls' arguments as they are generated."""
+        return tools_mod.Splitter(tools, self.tool_format, self.reasoning_parser, stream)
 
     def _chat_choice(self, index: int, c: Choice, tools: list[Tool], want_logprobs: bool) -> ChatChoice:
         reasoning, text, calls = self.split(c.text, tools)
@@ -229,7 +230,7 @@ class OpenAIServing:
             return sse(ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=choices,
                                            usage=usage))
 
-        splitters = [self.splitter(tools) for _ in range(n)]
+        splitters = [self.splitter(tools, stream=True) for _ in range(n)]
         try:
             yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
                          for i in range(n)])
@@ -393,14 +394,13 @@ def _refuse_unservable(req: ChatCompletionRequest) -> None:
 
 def _delta(splitter: tools_mod.Splitter, text: str, finish: str | None) -> tuple[DeltaMessage, str | None]:
     """One streamed piece through the choice's splitter: shown reasoning and content,
-    completed calls, and the finish reason (tool_calls when the choice called any)."""
-    before = splitter.num_calls
+    the calls' parts settled now, and the finish reason (tool_calls when the choice called any)."""
     reasoning, content, calls = splitter.feed(text, final=finish is not None)
     if splitter.num_calls and finish == "stop":
         finish = "tool_calls"
-    deltas = [DeltaToolCall(index=before + k, id=c.id, type="function",
-                            function=DeltaFunctionCall(name=c.function.name, arguments=c.function.arguments))
-              for k, c in enumerate(calls)]
+    deltas = [DeltaToolCall(index=c.index, id=c.id, type="function" if c.id else None,
+                            function=DeltaFunctionCall(name=c.name, arguments=c.arguments))
+              for c in calls if c.id or c.arguments]
     return DeltaMessage(content=content if not splitter.holds else content or None,
                         reasoning_content=reasoning or None, tool_calls=deltas or None), finish
 

@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 
 def random_id(prefix: str) -> str:
@@ -295,13 +295,23 @@ class ChatCompletionResponse(BaseModel):
     prompt_logprobs: PromptLogprobs | None = None
 
 
-class DeltaFunctionCall(BaseModel):
+class _Unset(BaseModel):
+    """Leaves out the fields a part does not carry rather than sending nulls: the OpenAI
+    SDK's stream accumulator would overwrite a call's `type` with a later part's null."""
+
+    @model_serializer(mode="wrap")
+    def _drop_nulls(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class DeltaFunctionCall(_Unset):
     name: str | None = None
     arguments: str | None = None
 
 
-class DeltaToolCall(BaseModel):
-    """A tool call in a stream: clients join `arguments` across chunks by `index`."""
+class DeltaToolCall(_Unset):
+    """A part of a tool call in a stream: the first carries id, type and name; clients
+    join `arguments` across chunks by `index`."""
 
     index: int
     id: str | None = None

@@ -213,7 +213,8 @@ async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response,
     def snapshot() -> dict[str, Any]:
         return resp.model_dump(mode="json")
 
-    splitter = serving.splitter(tools)
+    splitter = serving.splitter(tools, stream=True)
+    fcs: dict[int, OutputFunctionCall] = {}  # by call index, as they stream
     choice = Choice()
     msg: OutputMessage | None = None
     parts: list[str] = []
@@ -285,19 +286,26 @@ async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response,
                     yield event("response.output_text.delta", item_id=msg.id, output_index=resp.output.index(msg),
                                 content_index=0, delta=text, logprobs=pending)
                     pending = []
-                for c in calls:
-                    for e in close_message("completed"):
-                        yield e
-                    fc = OutputFunctionCall(call_id=c.id, name=c.function.name, arguments=c.function.arguments)
-                    resp.output.append(fc)
-                    idx = len(resp.output) - 1
-                    yield event("response.output_item.added", output_index=idx,
-                                item={**fc.model_dump(mode="json"), "arguments": "", "status": "in_progress"})
-                    yield event("response.function_call_arguments.delta", item_id=fc.id, output_index=idx,
-                                delta=fc.arguments)
-                    yield event("response.function_call_arguments.done", item_id=fc.id, output_index=idx,
-                                name=fc.name, arguments=fc.arguments)
-                    yield event("response.output_item.done", output_index=idx, item=fc.model_dump(mode="json"))
+                for c in calls:  # a call's parts: opened, its arguments as they come, done
+                    if c.id is not None:
+                        for e in close_message("completed"):
+                            yield e
+                        fcs[c.index] = OutputFunctionCall(call_id=c.id, name=c.name or "", arguments="",
+                                                          status="in_progress")
+                        resp.output.append(fcs[c.index])
+                        yield event("response.output_item.added", output_index=len(resp.output) - 1,
+                                    item=fcs[c.index].model_dump(mode="json"))
+                    fc = fcs[c.index]
+                    idx = resp.output.index(fc)
+                    if c.arguments:
+                        fc.arguments += c.arguments
+                        yield event("response.function_call_arguments.delta", item_id=fc.id, output_index=idx,
+                                    delta=c.arguments)
+                    if c.done:
+                        fc.status = "incomplete" if d.finish_reason == "length" else "completed"
+                        yield event("response.function_call_arguments.done", item_id=fc.id, output_index=idx,
+                                    name=fc.name, arguments=fc.arguments)
+                        yield event("response.output_item.done", output_index=idx, item=fc.model_dump(mode="json"))
         for e in close_reasoning():
             yield e
         if msg is None and not any(isinstance(o, (OutputMessage, OutputFunctionCall)) for o in resp.output):

@@ -125,6 +125,32 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+@dataclass
+class CallDelta:
+    """Part of one tool call: the first part carries the call's id and name, later parts
+    more of its arguments, and `done` marks the last. A call parsed whole is one part."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+    done: bool = False
+
+    @classmethod
+    def whole(cls, index: int, call: ToolCall) -> CallDelta:
+        return cls(index, call.function.arguments, call.id, call.function.name, True)
+
+
+def fold(deltas: list[CallDelta]) -> list[ToolCall]:
+    """The calls the parts add up to, as a client joins them by index."""
+    calls: dict[int, ToolCall] = {}
+    for d in deltas:
+        if d.id is not None:
+            calls[d.index] = ToolCall(id=d.id, function=FunctionCall(name=d.name or "", arguments=""))
+        calls[d.index].function.arguments += d.arguments
+    return list(calls.values())
+
+
 def make_call(name: str, args: dict[str, Any]) -> ToolCall:
     """A parsed call as the client gets it: a fresh id, the arguments as JSON text."""
     return ToolCall(id=new_call_id(), function=FunctionCall(name=name, arguments=json.dumps(args, ensure_ascii=False)))
@@ -156,7 +182,7 @@ class TailParser:
         self.decided = False  # an at-start format has seen text that is not a marker: plain content now
         self.calls = 0
 
-    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+    def feed(self, text: str) -> tuple[str, list[CallDelta]]:
         self.buf += text
         if self.holding:
             return "", []
@@ -182,7 +208,7 @@ class TailParser:
         out, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
         return out, []
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
+    def finish(self) -> tuple[str, list[CallDelta]]:
         text, self.buf = self.buf, ""
         if not self.holding:
             return text, []
@@ -190,7 +216,7 @@ class TailParser:
         if parsed is None or any(name not in self.names for name, _ in parsed):
             return text, []
         self.calls += len(parsed)
-        return "", [make_call(name, args) for name, args in parsed]
+        return "", [CallDelta.whole(i, make_call(name, args)) for i, (name, args) in enumerate(parsed)]
 
 
 def partial_suffix(text: str, tag: str) -> int:

@@ -18,23 +18,29 @@ one) with arguments that follow its JSON schema, so a forced call always parses.
 `auto` the model decides and the text is parsed (a `strict` function makes any call the
 model begins follow the grammar too); a block that does not parse, or names a function
 that is not in `tools`, stays in `content` rather than becoming a call the client
-cannot dispatch.
+cannot dispatch. Streamed, a call's arguments go out as they are written (CallParser).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from engine.sampling_params import Constraint
-from engine.serving import jsontext
+from engine.serving import jsontext, pythonic_grammar
 from engine.serving.errors import bad_request
 from engine.serving.protocol import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall, ToolChoice
 from engine.serving.reasoning import ReasoningParser, ReasoningParserName
-from engine.serving.tool_formats import FORMATS, MISTRAL_TAG, Call, TailParser, detect, make_call, partial_suffix
+from engine.serving.argstream import ArgStream
+from engine.serving.tool_formats import (FORMATS, MISTRAL_TAG, Call, CallDelta, TailParser, detect, fold,
+                                         make_call, new_call_id, partial_suffix)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+# How a Hermes block opens when it is a call whose arguments can stream: the name first,
+# then the arguments; group 2 is their first character (an object's "{" to stream).
+HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(\S)')
 
 DEFAULT_PROMPT = """You can call functions to help answer. Each function is described by a JSON object on its own line:
 {tools}
@@ -155,7 +161,7 @@ GRAMMAR = {
 
 
 def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool,
-               fmt: str = "hermes") -> Constraint | None:
+               fmt: str = "hermes", offered: list[Tool] | None = None) -> Constraint | None:
     """The grammar a tool choice needs, as an xgrammar structural tag, or None.
 
     `required`: one or more calls (one without parallel calls) and nothing else, each
@@ -163,15 +169,16 @@ def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool,
     exactly one call to it, as vLLM forces it (a small model would otherwise repeat the
     call until max_tokens). `auto` with a `strict` function: free text, but a call, once
     begun, must be whole and valid. Otherwise the model is free and its text is parsed.
+    `offered` is the request's whole `tools` list, for errors that point into it.
     """
     forced = choice == "required" or isinstance(choice, NamedToolChoice)
     if not tools or not (forced or any(t.function.strict for t in tools)):
         return None
-    if fmt not in GRAMMAR:
-        if forced:
-            raise bad_request(f"the {fmt} tool-call format cannot be forced by a grammar; use tool_choice "
-                              "\"auto\"", "tool_choice")
-        return None  # strict under auto: the calls are parsed, not constrained
+    if fmt == "pythonic":  # Python literals, not JSON: a grammar of its own (pythonic_grammar.py)
+        if not forced:
+            return None  # strict under auto: the calls are parsed, not constrained
+        single = not parallel or isinstance(choice, NamedToolChoice)
+        return Constraint("grammar", pythonic_grammar.grammar(tools, not single, offered))
     begin, end, separator, trigger = GRAMMAR[fmt]
     tags = [{"type": "tag", "begin": begin(t.function.name),
              "content": {"type": "json_schema", "json_schema": t.function.parameters or {"type": "object"},
@@ -188,24 +195,47 @@ def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool,
 class CallParser:
     """Splits generated text into content and tool calls as it arrives.
 
-    `feed` returns the content that can be shown now and the calls completed now. Text
+    `feed` returns the content that can be shown now and the calls' parts settled now. Text
     that may be the start of a <tool_call> tag is held back until it is decided, and
     whitespace is held until something follows it, so the gaps between calls are not
     sent as content. A plain-text answer comes out unchanged.
+
+    Whole, a block becomes a call only if it parses. With `stream`, a block that opens as
+    a call to an offered function (`{"name": ..., "arguments": {`) is a call from there
+    on and its arguments stream as they are written (engine/serving/argstream.py); for a
+    valid call the parts join to exactly the whole call's arguments. A streamed call that
+    breaks off (max_tokens) or stops being JSON keeps the arguments sent so far, as
+    OpenAI's API does; a block that opens otherwise is parsed whole at its end.
     """
 
-    def __init__(self, tools: list[Tool]) -> None:
+    def __init__(self, tools: list[Tool], stream: bool = False) -> None:
         self.names = {t.function.name for t in tools}
+        self.stream = stream
         self.buf = ""
         self.blank = ""  # whitespace waiting to see what follows it
         self.in_call = False
+        self.args: ArgStream | None = None  # the streaming call's arguments
         self.calls = 0
 
-    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+    def feed(self, text: str) -> tuple[str, list[CallDelta]]:
         self.buf += text
         out: list[str] = []
-        calls: list[ToolCall] = []
+        calls: list[CallDelta] = []
         while True:
+            if self.in_call and self.stream and self.args is None:
+                self._begin(calls)
+            if self.args is not None:
+                end = self.buf.find(CLOSE)
+                cut = end if end >= 0 else len(self.buf) - partial_suffix(self.buf, CLOSE)
+                more = self.args.feed(self.buf[:cut], final=end >= 0)
+                if more:
+                    calls.append(CallDelta(self.calls - 1, more))
+                if end < 0:
+                    self.buf = self.buf[cut:]
+                    break
+                calls.append(CallDelta(self.calls - 1, done=True))
+                self.buf, self.in_call, self.args = self.buf[end + len(CLOSE):], False, None
+                continue
             if self.in_call:
                 end = self.buf.find(CLOSE)
                 if end < 0:
@@ -224,11 +254,15 @@ class CallParser:
             break
         return "".join(out), calls
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """Flush at the end of the output: an unclosed call still counts if its JSON is whole."""
+    def finish(self) -> tuple[str, list[CallDelta]]:
+        """Flush at the end of the output: an unclosed call still counts if its JSON is whole
+        (or, streaming, once it began)."""
         out: list[str] = []
-        calls: list[ToolCall] = []
-        if self.in_call:
+        calls: list[CallDelta] = []
+        if self.args is not None:
+            calls.append(CallDelta(self.calls - 1, self.args.feed(self.buf, final=True), done=True))
+            self.in_call, self.args = False, None
+        elif self.in_call:
             self._settle(self.buf, out, calls)
             self.in_call = False
         else:
@@ -248,14 +282,28 @@ class CallParser:
         else:
             self.blank += text
 
-    def _settle(self, block: str, out: list[str], calls: list[ToolCall]) -> None:
+    def _settle(self, block: str, out: list[str], calls: list[CallDelta]) -> None:
         call = self._parse(block)
         if call is None:
             self._content(OPEN + block + (CLOSE if not self.in_call else ""), out)
         else:
             self.blank = ""
             self.calls += 1
-            calls.append(call)
+            calls.append(CallDelta.whole(self.calls - 1, call))
+
+    def _begin(self, calls: list[CallDelta]) -> None:
+        """Start streaming the call if the block has opened as one to an offered function."""
+        m = HEADER.match(self.buf)
+        if m is None or m.group(2) != "{":
+            return
+        name = jsontext.model_json(f'"{m.group(1)}"')
+        if name not in self.names:
+            return
+        self.blank = ""
+        self.calls += 1
+        self.args = ArgStream()
+        self.buf = self.buf[m.start(2):]
+        calls.append(CallDelta(self.calls - 1, "", new_call_id(), name))
 
     def _parse(self, block: str) -> ToolCall | None:
         """A call, or None: whatever the model wrote that is not one stays content."""
@@ -270,10 +318,10 @@ class CallParser:
         return make_call(obj["name"], args)
 
 
-def call_parser(tools: list[Tool], fmt: str = "hermes") -> CallParser | TailParser:
-    """The streaming call parser for this format."""
+def call_parser(tools: list[Tool], fmt: str = "hermes", stream: bool = False) -> CallParser | TailParser:
+    """The call parser for this format (`stream`: Hermes calls' arguments as they come)."""
     if fmt == "hermes":
-        return CallParser(tools)
+        return CallParser(tools, stream)
     return TailParser(FORMATS[fmt], {t.function.name for t in tools})
 
 
@@ -283,17 +331,19 @@ class Splitter:
     inside a think block becomes a call. Either parser may hold text back while a tag is
     undecided (`holds`)."""
 
-    def __init__(self, tools: list[Tool], fmt: str = "hermes", reasoning: ReasoningParserName | None = None) -> None:
+    def __init__(self, tools: list[Tool], fmt: str = "hermes", reasoning: ReasoningParserName | None = None,
+                 stream: bool = False) -> None:
         self.think = ReasoningParser(reasoning) if reasoning else None
-        self.parser = call_parser(tools, fmt) if tools else None
+        self.parser = call_parser(tools, fmt, stream) if tools else None
         self.holds = self.think is not None or self.parser is not None
 
     @property
     def num_calls(self) -> int:
         return self.parser.calls if self.parser else 0
 
-    def feed(self, text: str, final: bool) -> tuple[str, str, list[ToolCall]]:
-        """(reasoning, content, calls) that can be shown now; `final` flushes what is held."""
+    def feed(self, text: str, final: bool) -> tuple[str, str, list[CallDelta]]:
+        """(reasoning, content, calls' parts) that can be shown now; `final` flushes what
+        is held. Consecutive parts of one call come out as one."""
         reasoning, calls = "", []
         if self.think is not None:
             reasoning, text = self.think.feed(text)
@@ -305,4 +355,16 @@ class Splitter:
             if final:
                 tail, more = self.parser.finish()
                 text, calls = text + tail, calls + more
-        return reasoning, text, calls
+        merged: list[CallDelta] = []
+        for d in calls:
+            if merged and merged[-1].index == d.index and not merged[-1].done and d.id is None:
+                merged[-1].arguments += d.arguments
+                merged[-1].done = d.done
+            else:
+                merged.append(d)
+        return reasoning, text, merged
+
+    def whole(self, text: str) -> tuple[str, str, list[ToolCall]]:
+        """A whole output's (reasoning, content, calls)."""
+        reasoning, text, parts = self.feed(text, final=True)
+        return reasoning, text, fold(parts)
