@@ -41,6 +41,11 @@ CASES = [
 
 
 def _streamed(fmt: str, text: str, size: int, stream: bool) -> tuple[str, list]:
+    content, parts = _parts(fmt, text, size, stream)
+    return content, fold(parts)
+
+
+def _parts(fmt: str, text: str, size: int, stream: bool) -> tuple[str, list]:
     parser = call_parser(TOOLS, fmt, stream)
     content, parts = [], []
     for i in range(0, len(text), size):
@@ -48,7 +53,7 @@ def _streamed(fmt: str, text: str, size: int, stream: bool) -> tuple[str, list]:
         content.append(c)
         parts += k
     c, k = parser.finish()
-    return "".join(content) + c, fold(parts + k)
+    return "".join(content) + c, parts + k
 
 
 def split_calls(text: str, tools: list[Tool], fmt: str) -> tuple[str, list]:
@@ -70,6 +75,10 @@ def test_each_format_parses_the_same_whole_and_at_every_cut(fmt, text, content, 
         for stream in (False, True):  # whole calls, or arguments as they come
             c, k = _streamed(fmt, text, size, stream)
             assert (c, _pairs(k)) == (content, calls), (size, stream)
+            assert [x.function.arguments for x in k] == [x.function.arguments for x in got_calls]
+    if calls and fmt != "pythonic":  # JSON calls stream their arguments; pythonic ones come whole
+        _, parts = _parts(fmt, text, 1, stream=True)
+        assert sum(1 for p in parts if p.arguments) > 10 * len(calls)
 
 
 @pytest.mark.unit
@@ -138,10 +147,12 @@ def test_generated_calls_in_each_format_are_served_streamed_or_not(serve, fmt, t
     assert [c["function"]["name"] for c in whole["message"]["tool_calls"]] == \
         [c.function.name for c in expected[1]]
     lines = serve[fmt].post("/v1/chat/completions", json={**body, "stream": True}).text.splitlines()
-    streamed = [d for x in lines if x.startswith("data: {")
-                for d in json.loads(x[6:])["choices"][0]["delta"].get("tool_calls") or []]
-    assert [d["function"]["arguments"] for d in streamed] == \
-        [c["function"]["arguments"] for c in whole["message"]["tool_calls"]]
+    joined: dict[int, str] = {}
+    for x in lines:
+        if x.startswith("data: {"):
+            for d in json.loads(x[6:])["choices"][0]["delta"].get("tool_calls") or []:
+                joined[d["index"]] = joined.get(d["index"], "") + d["function"].get("arguments", "")
+    assert list(joined.values()) == [c["function"]["arguments"] for c in whole["message"]["tool_calls"]]
 
 
 @pytest.mark.unit

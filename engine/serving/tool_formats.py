@@ -10,19 +10,23 @@ the output once they begin:
 
 TailParser holds the text back from the marker on and parses it at the end: calls that
 all name offered functions with object arguments become calls, anything else stays
-content, as the Hermes parser does with a block it cannot read.
+content, as the Hermes parser does with a block it cannot read. Streaming, the JSON
+formats' calls open as soon as their names are read and their arguments follow as they
+are written (JsonCallStream), as Hermes calls do.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from engine.serving import jsontext
+from engine.serving.argstream import ArgStream
 from engine.serving.protocol import FunctionCall, ToolCall
 
 Call = tuple[str, dict[str, Any]]
@@ -106,15 +110,16 @@ class ToolFormat:
     at_start: bool  # the calls can only begin the output
     parse: Callable[[str], list[Call] | None]  # the text from the marker on
     render: Callable[[list[Call]], str]  # calls as the model writes them (history, the default prompt)
+    streams: bool = False  # JSON calls, whose arguments can stream as they are written (JsonCallStream)
 
 
 FORMATS = {
     "llama3_json": ToolFormat((PYTHON_TAG, "{"), True, _llama3,
                               lambda calls: "; ".join(json.dumps({"name": n, "parameters": a}, ensure_ascii=False)
-                                                      for n, a in calls)),
+                                                      for n, a in calls), True),
     "mistral": ToolFormat((MISTRAL_TAG,), False, _mistral,
                           lambda calls: MISTRAL_TAG + json.dumps([{"name": n, "arguments": a} for n, a in calls],
-                                                                 ensure_ascii=False)),
+                                                                 ensure_ascii=False), True),
     "pythonic": ToolFormat(("[",), True, _pythonic,
                            lambda calls: "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items())
                                                          + ")" for n, a in calls) + "]"),
@@ -170,19 +175,74 @@ def detect(template: str | None) -> str:
     return "hermes"
 
 
+# A JSON-format call opening: separators and markers, then {"name": ..., "arguments"|"parameters": <first char>;
+# or Mistral's v11 spelling, name[ARGS]<first char>. Group 2 is the arguments' first character.
+_SKIP = r'(?:\s|[;,\[\]}]|' + re.escape(PYTHON_TAG) + "|" + re.escape(MISTRAL_TAG) + ")*"
+_HEADS = (re.compile(_SKIP + r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(\S)'),
+          re.compile(_SKIP + r'([A-Za-z_][\w.\-]*)\[ARGS\]\s*(\S)'))
+
+
+class JsonCallStream:
+    """The calls of a JSON format (llama3_json, mistral) as they are written: each opens
+    once its name is read and its arguments stream through an ArgStream, as Hermes calls
+    do (tools.CallParser). It reads the held text from `pos` on; a call that breaks off
+    or stops being JSON ends there, and nothing after it is read."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+        self.pos = 0
+        self.args: ArgStream | None = None
+        self.calls = 0
+        self.stopped = False
+
+    def read(self, buf: str, final: bool) -> list[CallDelta]:
+        parts: list[CallDelta] = []
+        while not self.stopped:
+            if self.args is not None:
+                text, self.pos = buf[self.pos:], len(buf)
+                more = self.args.feed(text, final)
+                if more:
+                    parts.append(CallDelta(self.calls - 1, more))
+                if not (self.args.done or self.args.broken or final):
+                    break
+                self.pos -= len(self.args.rest) if self.args.done else 0
+                self.stopped = not self.args.done
+                parts.append(CallDelta(self.calls - 1, done=True))
+                self.args = None
+                continue
+            m = next((m for h in _HEADS if (m := h.match(buf, self.pos))), None)
+            name = jsontext.model_json(f'"{m.group(1)}"') if m is not None and m.group(2) == "{" else None
+            if name not in self.names:
+                break
+            self.calls += 1
+            self.args, self.pos = ArgStream(), m.start(2)
+            parts.append(CallDelta(self.calls - 1, "", new_call_id(), name))
+        return parts
+
+
 class TailParser:
     """feed/finish/calls as tools.CallParser, for a format whose calls take the rest of
-    the output: text before the marker is content, the rest is held and parsed at the end."""
+    the output: text before the marker is content, the rest is held and parsed at the end.
+    With `stream`, a JSON format's calls stream as they are written (JsonCallStream);
+    once one has, the held text is read that way to the end rather than parsed whole."""
 
-    def __init__(self, fmt: ToolFormat, names: set[str]) -> None:
+    def __init__(self, fmt: ToolFormat, names: set[str], stream: bool = False) -> None:
         self.fmt = fmt
         self.names = names
         self.buf = ""
         self.holding = False
         self.decided = False  # an at-start format has seen text that is not a marker: plain content now
+        self.reader = JsonCallStream(names) if stream and fmt.streams else None
         self.calls = 0
 
     def feed(self, text: str) -> tuple[str, list[CallDelta]]:
+        out, parts = self._feed(text)
+        if self.holding and self.reader is not None:
+            parts = self.reader.read(self.buf, False)
+            self.calls = self.reader.calls
+        return out, parts
+
+    def _feed(self, text: str) -> tuple[str, list[CallDelta]]:
         self.buf += text
         if self.holding:
             return "", []
@@ -212,6 +272,10 @@ class TailParser:
         text, self.buf = self.buf, ""
         if not self.holding:
             return text, []
+        if self.reader is not None and self.reader.calls:
+            parts = self.reader.read(text, True)
+            self.calls = self.reader.calls
+            return "", parts
         parsed = self.fmt.parse(text if self.fmt.at_start else text[len(self.fmt.markers[0]):])
         if parsed is None or any(name not in self.names for name, _ in parsed):
             return text, []

@@ -18,7 +18,8 @@ one) with arguments that follow its JSON schema, so a forced call always parses.
 `auto` the model decides and the text is parsed (a `strict` function makes any call the
 model begins follow the grammar too); a block that does not parse, or names a function
 that is not in `tools`, stays in `content` rather than becoming a call the client
-cannot dispatch. Streamed, a call's arguments go out as they are written (CallParser).
+cannot dispatch. Streamed, a call's arguments go out as they are written (CallParser;
+tool_formats.JsonCallStream for the other JSON formats).
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from typing import Any
 
 from engine.sampling_params import Constraint
 from engine.serving import jsontext, pythonic_grammar
+from engine.serving.argstream import ArgStream
 from engine.serving.errors import bad_request
 from engine.serving.protocol import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall, ToolChoice
 from engine.serving.reasoning import ReasoningParser, ReasoningParserName
-from engine.serving.argstream import ArgStream
 from engine.serving.tool_formats import (FORMATS, MISTRAL_TAG, Call, CallDelta, TailParser, detect, fold,
                                          make_call, new_call_id, partial_suffix)
 
@@ -319,10 +320,10 @@ class CallParser:
 
 
 def call_parser(tools: list[Tool], fmt: str = "hermes", stream: bool = False) -> CallParser | TailParser:
-    """The call parser for this format (`stream`: Hermes calls' arguments as they come)."""
+    """The call parser for this format (`stream`: JSON calls' arguments as they come)."""
     if fmt == "hermes":
         return CallParser(tools, stream)
-    return TailParser(FORMATS[fmt], {t.function.name for t in tools})
+    return TailParser(FORMATS[fmt], {t.function.name for t in tools}, stream)
 
 
 class Splitter:
