@@ -17,7 +17,7 @@ from collections import deque
 import torch
 
 from engine import intake, spec, stopping
-from engine.beam import BeamSearch, Candidate
+from engine.beam import BeamSearch
 from engine.config import EngineConfig, Placement
 from engine.detokenizer import Detokenizer
 from engine.errors import ParamError
@@ -320,27 +320,23 @@ class LLMEngine:
             stats.prompt_tokens += live[0].num_prompt_tokens
         chosen = beam.step(live)
         stats.generation_tokens += len(live)
-        kids: dict[int, list[Candidate]] = {}
-        for c in chosen:
-            kids.setdefault(c.parent.seq_id, []).append(c)
+        parents = {c.parent.seq_id for c in chosen}
         for seq in live:
-            if seq.seq_id not in kids:
+            if seq.seq_id not in parents:
                 beam.cum.pop(seq.seq_id, None)
                 self._retire(seq)
         if beam.done:
             req.deltas = {d.index: d for d in beam.outputs(self.tokenizer, live[0].prompt_token_ids, req.params)}
             return
-        seat: dict[int, Sequence] = {}  # id(candidate) -> the sequence that carries it on
-        for group in kids.values():  # every fork copies its parent's tokens before any is appended
-            parent = group[0].parent
-            for c in group[1:]:
-                seat[id(c)] = self._fork_beam(req, parent)
-            seat[id(group[0])] = parent
+        # A parent carries its best continuation on; the others fork from it, every fork
+        # copying the parent's tokens before any token is appended.
+        seats: list[Sequence] = []
         for c in chosen:
-            seq = seat[id(c)]
+            seats.append(c.parent if all(s is not c.parent for s in seats) else self._fork_beam(req, c.parent))
+        for c, seq in zip(chosen, seats):
             seq.token_ids.append(c.token)
             beam.cum[seq.seq_id] = c.cum_logprob
-        req.seqs[:] = [seat[id(c)] for c in chosen]  # best first, as transformers orders its beams
+        req.seqs[:] = seats  # best first, as transformers orders its beams
 
     def _fork_beam(self, req: Request, parent: Sequence) -> Sequence:
         child = self._new_seq(req.request_id, parent.prompt_token_ids, req.params,

@@ -11,6 +11,9 @@ Our engine instead forks a request's beams as sequences on shared blocks (engine
 Both sides ignore eos, so both keep the best W by cumulative logprob at every step and
 must end with the same beams; the benchmark checks that they do. Each side runs in a
 process of its own, `--repeats` times per round, and every round prints its ratio.
+
+`blocks` (`--beam-blocks`) measures what the search holds instead: the peak KV blocks of
+beam searches of several widths against one sequence over the same prompt.
 """
 
 from __future__ import annotations
@@ -52,6 +55,36 @@ def engine_beams(llm: LLM, prompt: list[int], width: int, new: int) -> list[Beam
 
 
 SIDES = {"engine beam search": engine_beams, "per-beam request loop": loop_beams}
+
+
+def peak_blocks(llm: LLM, prompt: list[int], params: SamplingParams) -> tuple[int, int]:
+    """(the most KV blocks in use while the request ran, its output token count as
+    `usage` reports it), the request running alone."""
+    eng, pool = llm.engine, llm.engine.kv_manager.pool
+    eng.add_request("peak", prompt, params)
+    most, out = 0, None
+    while eng.has_unfinished():
+        for o in eng.step().outputs:
+            out = o
+        most = max(most, pool.num_blocks - pool.num_free)
+    assert out is not None and out.finished
+    return most, out.num_output_tokens
+
+
+def blocks(prompt_len: int, widths: list[int], new: int, dtype: str) -> None:
+    """Peak KV blocks of one greedy sequence and of beam searches over the same prompt
+    (the workloads' passage, repeated), prefix caching off, eos ignored."""
+    from workloads import PASSAGE  # scripts/ is on sys.path when run as a script
+
+    llm = LLM(None, dtype=dtype, max_model_len=prompt_len + new + 16, enable_prefix_caching=False)
+    ids = llm.tokenizer.encode(PASSAGE, add_special_tokens=False)
+    prompt = (ids * (prompt_len // len(ids) + 1))[:prompt_len]
+    single, used = peak_blocks(llm, prompt, SamplingParams(temperature=0, max_tokens=new, ignore_eos=True))
+    print(f"one sequence: {single} blocks at peak, {used} positions computed")
+    for width in widths:
+        most, used = peak_blocks(llm, prompt, SamplingParams(n=width, temperature=0, max_tokens=new, ignore_eos=True,
+                                                             use_beam_search=True))
+        print(f"beam search W={width}: {most} blocks at peak ({most / single:.2f}x), {used} positions computed")
 
 
 def one_side(name: str, prompt: list[int], width: int, new: int, repeats: int, dtype: str) -> None:

@@ -28,6 +28,7 @@ loop of one request per beam per step over our engine with prefix caching
 (scripts/beam_bench.py), on the random prompt, eos ignored.
 
     python scripts/bench_latency.py --beam-width 4 --rounds 3
+    python scripts/bench_latency.py --beam-blocks 2,4,8 --prompt-len 400 --new-tokens 48
 """
 
 from __future__ import annotations
@@ -178,6 +179,7 @@ def main() -> None:
     ap.add_argument("--speculative", default="[]", help="JSON list of speculative_config values to add")
     ap.add_argument("--rounds", type=int, default=1, help="run every side this many times in turn")
     ap.add_argument("--beam-width", type=int, default=0, help="time beam search of this width instead")
+    ap.add_argument("--beam-blocks", help="comma list of beam widths: print their peak KV blocks instead")
     ap.add_argument("--beam-side", help=argparse.SUPPRESS)  # internal: measure one beam-search side
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one engine side, print JSON
     ap.add_argument("--spec", help=argparse.SUPPRESS)  # internal: that side's speculative_config
@@ -189,6 +191,11 @@ def main() -> None:
     prompt = [rng.randrange(100, vocab) for _ in range(args.prompt_len)]
     if args.one is not None:
         return one_side(args, prompt)
+    if args.beam_blocks:
+        import beam_bench  # scripts/ is on sys.path when run as a script
+
+        return beam_bench.blocks(args.prompt_len, [int(w) for w in args.beam_blocks.split(",")], args.new_tokens,
+                                 args.dtype)
     if args.beam_width:
         import beam_bench  # scripts/ is on sys.path when run as a script
 

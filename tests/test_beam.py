@@ -11,6 +11,7 @@ import torch
 from engine import LLM, BeamSearchParams, SamplingParams
 from engine.errors import ParamError
 from engine.models.llama import kv_block_bytes
+from scripts.beam_bench import peak_blocks
 from scripts.beam_oracle import DATA, hf_beams
 from tests.conftest import make_prompts
 
@@ -55,19 +56,9 @@ def test_beams_share_blocks_and_usage_counts_what_was_computed(tokenizer):
     prompt = make_prompts(tokenizer, 1, 400)[0]
     llm = LLM(None, dtype="float32", max_model_len=1024, enable_prefix_caching=False)
     engine = llm.engine
-
-    def peak(params: SamplingParams) -> tuple[int, int]:
-        engine.add_request("r", prompt, params)
-        most, out = 0, None
-        while engine.has_unfinished():
-            for o in engine.step().outputs:
-                out = o
-            most = max(most, engine.kv_manager.pool.num_blocks - engine.kv_manager.pool.num_free)
-        assert out is not None and out.finished
-        return most, out.num_output_tokens
-
-    single, _ = peak(SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
-    beam, computed = peak(SamplingParams(n=4, temperature=0, max_tokens=48, ignore_eos=True, use_beam_search=True))
+    single, _ = peak_blocks(llm, prompt, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
+    beam, computed = peak_blocks(llm, prompt, SamplingParams(n=4, temperature=0, max_tokens=48, ignore_eos=True,
+                                                             use_beam_search=True))
     assert single == 28  # ceil(448 / 16)
     assert beam < 1.3 * single, (beam, single)
     # one row for the prompt's last position, then 4 beams for each of 47 more tokens

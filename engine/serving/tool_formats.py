@@ -236,37 +236,38 @@ class TailParser:
         self.calls = 0
 
     def feed(self, text: str) -> tuple[str, list[CallDelta]]:
-        out, parts = self._feed(text)
+        out, parts = self._content(text), []
         if self.holding and self.reader is not None:
             parts = self.reader.read(self.buf, False)
             self.calls = self.reader.calls
         return out, parts
 
-    def _feed(self, text: str) -> tuple[str, list[CallDelta]]:
+    def _content(self, text: str) -> str:
+        """What can be shown now; from the marker on, the text is held."""
         self.buf += text
         if self.holding:
-            return "", []
+            return ""
         if self.decided:
             out, self.buf = self.buf, ""
-            return out, []
+            return out
         if self.fmt.at_start:
             head = self.buf.lstrip()
             if not head or any(m.startswith(head) for m in self.fmt.markers):
-                return "", []  # undecided: whitespace, or a marker's beginning
+                return ""  # undecided: whitespace, or a marker's beginning
             if any(head.startswith(m) for m in self.fmt.markers):
                 self.holding = True
-                return "", []
+                return ""
             self.decided = True
             out, self.buf = self.buf, ""
-            return out, []
+            return out
         [marker] = self.fmt.markers
         at = self.buf.find(marker)
         if at >= 0:
             out, self.buf, self.holding = self.buf[:at], self.buf[at:], True
-            return out, []
+            return out
         keep = partial_suffix(self.buf, marker)
         out, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
-        return out, []
+        return out
 
     def finish(self) -> tuple[str, list[CallDelta]]:
         text, self.buf = self.buf, ""
