@@ -28,6 +28,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp", CSRC / "quant.cpp"]
 HEADERS = [CSRC / "vec.h"]
 _state: dict[str, object] = {}
+_path_lock = threading.Lock()
 _unpinned: dict[int, set[int]] = {}  # thread id -> its CPU set before bind_threads pinned it
 
 
@@ -52,22 +53,44 @@ def load() -> bool:
     try:
         from torch.utils import cpp_extension
 
-        cpp_extension.load(
-            name=f"pagedserve_cpu_{_cpu_key()}",
-            sources=[str(p) for p in SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math",
-                          f"-DPAGEDSERVE_HEADERS={_headers_key()}"],
-            extra_include_paths=[str(CSRC)],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
+        with _own_ninja():
+            cpp_extension.load(
+                name=f"pagedserve_cpu_{_cpu_key()}",
+                sources=[str(p) for p in SOURCES],
+                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math",
+                              f"-DPAGEDSERVE_HEADERS={_headers_key()}"],
+                extra_include_paths=[str(CSRC)],
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=False,
+            )
         _register_fakes()
         _state["ok"] = True
     except Exception as exc:  # noqa: BLE001 - any build failure means: use the torch path
         logger.warning("native CPU attention unavailable, using the torch path: %s", str(exc).splitlines()[0])
         _state["ok"] = False
     return bool(_state["ok"])
+
+
+@contextlib.contextmanager
+def _own_ninja() -> Iterator[None]:
+    """cpp_extension runs whichever `ninja` comes first on PATH. Two versions (a system one
+    and the PyPI one in this environment) read each other's build log as foreign and rebuild
+    everything: a `bentoml serve` (venv bin first on PATH) and a plain `python` then
+    recompiled the kernels (~25 s) each time the other had loaded them. The environment's
+    own ninja, when it has one, is always the one run."""
+    try:
+        import ninja
+    except ImportError:
+        yield
+        return
+    with _path_lock:
+        saved = os.environ.get("PATH", "")
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + saved
+        try:
+            yield
+        finally:
+            os.environ["PATH"] = saved
 
 
 def _register_fakes() -> None:

@@ -105,3 +105,30 @@ def test_store_kv_refuses_a_slot_outside_the_cache():
     key = torch.randn(1, 3, 64)
     with pytest.raises(RuntimeError, match="outside the cache"):
         cpu.store_kv(key, key, k_cache, v_cache, torch.tensor([32]))
+
+
+def test_loading_runs_the_environments_own_ninja_and_rebuilds_nothing(tmp_path):
+    """A server (venv bin first on PATH) and a plain `python` found different ninjas, which
+    read each other's build log as foreign and recompiled the kernels (~25 s) at every
+    start. A process whose PATH offers a broken ninja first still loads the built kernels
+    with the environment's own, and the library on disk is untouched."""
+    import os
+    import subprocess
+    import sys
+
+    from torch.utils import cpp_extension
+
+    assert cpu.load()
+    name = f"pagedserve_cpu_{cpu._cpu_key()}"
+    so = os.path.join(cpp_extension._get_build_directory(name, verbose=False), f"{name}.so")
+    before = os.stat(so).st_mtime_ns
+    fake = tmp_path / "ninja"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}"}
+    code = "from kernels import cpu; assert cpu.load(); print(cpu.op('silu_mul'))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "unavailable" not in res.stderr
+    assert os.stat(so).st_mtime_ns == before
