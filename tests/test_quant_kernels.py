@@ -69,6 +69,30 @@ def test_dequant_rows_is_an_embedding_lookup(qtype):
     torch.testing.assert_close(got, quant.dequantize(w, scales, qtype, k)[ids], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("qtype", [quant.Q4_1, quant.Q6_K, quant.INT8_ROWS], ids=lambda t: quant.FORMATS[t].name)
+def test_many_rows_go_through_onednn_whole_and_in_slices(qtype, monkeypatch):
+    """From MANY_ROWS on, QuantLinear multiplies a dequantized weight with oneDNN; a matrix
+    larger than the scratch (the head) goes in slices of output channels."""
+    from engine.models import quantize
+
+    gen = torch.Generator().manual_seed(qtype + 3)
+    n, k = 40, 256
+    if qtype == quant.INT8_ROWS:
+        w, scales = quant.quantize_int8(torch.randn(n, k, generator=gen))
+    else:
+        w, scales = random_blocks(qtype, n, k, gen), None
+    bias = torch.randn(n, generator=gen)
+    layer = quantize.QuantLinear(w, scales, qtype, k, bias)
+    x = torch.randn(70, k, generator=gen)
+    dense = quant.dequantize(w, scales, qtype, k).double()
+    want = x.double() @ dense.T + bias.double()
+    bound = 4 * k ** 0.5 * 2.0 ** -24 * (x.double().abs() @ dense.abs().T + bias.double().abs())
+    for scratch in (quantize.SCRATCH_VALUES, 16 * k):  # whole; slices of 16 channels
+        monkeypatch.setattr(quantize, "SCRATCH_VALUES", scratch)
+        got = layer(x).double()
+        assert torch.all((got - want).abs() <= bound), (scratch, (got - want).abs().max())
+
+
 def test_int8_is_per_channel_symmetric_and_close():
     gen = torch.Generator().manual_seed(5)
     w = torch.randn(64, 300, generator=gen) * torch.logspace(-3, 1, 64)[:, None]  # channels of any scale
