@@ -49,6 +49,11 @@ class SpeculativeConfig(BaseModel):
     # More running sequences than this and a step does not speculate: verification rows
     # then cost more than the few decode steps they save (vLLM's disable_by_batch_size).
     disable_by_batch_size: int | None = Field(None, ge=1)
+    # Fewer drafts as more sequences run: each gets at most max_batch_rows // running - 1,
+    # so a step's rows, drafts included, stay about this many. On a CPU a step of up to a
+    # few dozen rows costs about what a one-row step does (reading the weights decides);
+    # past that every verification row is paid for in arithmetic, accepted or not.
+    max_batch_rows: int | None = Field(None, ge=2)
 
     @model_validator(mode="after")
     def _method_keys(self) -> "SpeculativeConfig":

@@ -72,7 +72,7 @@ class LLMEngine:
         self.kv_manager = KVCacheManager(resolved.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.scheduling_policy, sc.num_speculative_tokens if sc else 0,
-                                   sc.disable_by_batch_size if sc else None)
+                                   sc.disable_by_batch_size if sc else None, sc.max_batch_rows if sc else None)
         self._inflight: deque[tuple[Batch, StepInput]] = deque()  # submitted, logits not yet taken
         self.grammars = Grammars(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed, grammars=self.grammars)

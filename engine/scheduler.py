@@ -36,12 +36,15 @@ class Batch:
 
 class Scheduler:
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 policy: str = "fcfs", num_spec: int = 0, spec_max_batch: int | None = None) -> None:
+                 policy: str = "fcfs", num_spec: int = 0, spec_max_batch: int | None = None,
+                 spec_max_rows: int | None = None) -> None:
         self.kv_manager = kv_manager
         # Speculative decoding: a decoding sequence may get num_spec extra query positions (and
-        # their KV slots) while no more than spec_max_batch sequences run.
+        # their KV slots) while no more than spec_max_batch sequences run, and no more than
+        # spec_max_rows // running - 1 each.
         self.num_spec = num_spec
         self.spec_max_batch = spec_max_batch
+        self.spec_max_rows = spec_max_rows
         self.by_priority = policy == "priority"
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -91,6 +94,8 @@ class Scheduler:
         spec = self.num_spec
         if self.spec_max_batch is not None and len(self.running) > self.spec_max_batch:
             spec = 0
+        if self.spec_max_rows is not None:
+            spec = min(spec, max(0, self.spec_max_rows // max(1, len(self.running)) - 1))
         scheduled: set[int] = set()
         for seq in list(self.running):  # a copy: preemption takes sequences out of running
             if budget <= 0 or len(batch.seqs) >= cap:

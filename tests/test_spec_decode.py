@@ -200,6 +200,7 @@ def test_impossible_settings_name_their_key(tiny_model_factory):
         (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 17}),
          "speculative_config.num_speculative_tokens"),
         (dict(speculative_config={"method": "medusa"}), "speculative_config.method"),
+        (dict(speculative_config={"method": "ngram", "max_batch_rows": 1}), "speculative_config.max_batch_rows"),
         (dict(speculative_config={"method": "ngram", "lookahead": 2}), "speculative_config.lookahead"),
         (dict(speculative_config={"method": "ngram", "num_layers": 2}), "speculative_config.num_layers"),
         (dict(speculative_config={"method": "draft", "prompt_lookup_max": 2}), "speculative_config.prompt_lookup_max"),
@@ -215,3 +216,29 @@ def test_impossible_settings_name_their_key(tiny_model_factory):
         with pytest.raises(ParamError) as e:
             LLM(tiny, dtype="float32", **kwargs)
         assert e.value.param == param, (kwargs, e.value.param, str(e.value))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("running,allowed", [(1, 4), (2, 4), (3, 3), (4, 2), (6, 1), (7, 0), (12, 0)])
+def test_max_batch_rows_gives_fewer_drafts_as_more_sequences_run(running, allowed):
+    """Each decoding sequence gets min(k, max_batch_rows // running - 1) draft positions,
+    so a step's rows stay about max_batch_rows; disable_by_batch_size still applies."""
+    from engine.kv_cache_manager import KVCacheManager
+    from engine.scheduler import Scheduler
+    from engine.sequence import Sequence
+
+    def decoding(spec_max_batch: int | None) -> list[int]:
+        kv = KVCacheManager(num_blocks=64, block_size=4, enable_caching=False)
+        sched = Scheduler(kv, max_num_seqs=16, max_num_batched_tokens=256, num_spec=4,
+                          spec_max_batch=spec_max_batch, spec_max_rows=12)
+        for i in range(running):
+            sched.add(Sequence(i, str(i), 0, [5, 6, 7], SamplingParams(max_tokens=32), 32))
+        for seq, n in zip((b := sched.schedule()).seqs, b.num_new):  # the prompts
+            seq.num_computed_tokens += n
+            seq.token_ids.append(8)  # each sampled one token: one to compute, room for drafts
+        batch = sched.schedule()
+        assert len(batch.seqs) == running and batch.num_new == [1 + a for a in batch.spec_allow]
+        return batch.spec_allow
+
+    assert decoding(None) == [allowed] * running
+    assert decoding(running - 1) == [0] * running  # past disable_by_batch_size: none at all
