@@ -50,7 +50,7 @@ class StepProfile:
         self._wrap(quant, "qlinear", "gemm")  # quantized weights (engine/models/quantize.py)
         self._wrap(engine_module, "prepare", "input preparation")
         self._wrap(eng.executor.runner, "model", "model forward")  # rank 0's part under parallelism
-        self._wrap(eng, "sampler", "sampler")
+        self._wrap(eng.sampler, "verify", "sampler")  # every step samples through verify
         self._wrap(eng, "step", "step")
         return self
 
