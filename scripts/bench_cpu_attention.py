@@ -21,7 +21,7 @@ from kernels import cpu, reference
 from timing import best  # scripts/ is on sys.path when run as a script
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
-CASES = [("decode", 64, 300, 1), ("decode", 64, 600, 1), ("decode", 8, 300, 1),
+CASES = [("decode", 64, 300, 1), ("decode", 64, 600, 1), ("decode", 8, 300, 1), ("decode", 1, 300, 1),
          ("prefill", 1, 500, 500), ("prefill", 4, 512, 512)]
 
 
