@@ -86,10 +86,11 @@ class Request:
             self.metrics.finished_time = time.monotonic()
         first = self.seqs[0]
         if self.beam is not None:  # one output, at the end: every beam, best first
-            num_output, reasons = self.beam.num_rows, [d.finish_reason or "abort" for d in self.deltas.values()]
+            num_output = self.beam.num_rows
+            reasons = [d.finish_reason or "abort" for d in self.deltas.values()]
         else:
-            num_output, reasons = sum(s.num_output_tokens for s in self.seqs), [s.finish_reason or "abort"
-                                                                             for s in self.seqs]
+            num_output = sum(s.num_output_tokens for s in self.seqs)
+            reasons = [s.finish_reason or "abort" for s in self.seqs]
         prompt_lps = None
         if (self.prompt_logprobs and not self.prompt_logprobs_sent
                 and len(self.prompt_logprobs) == first.num_prompt_tokens):

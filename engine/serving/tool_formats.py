@@ -175,11 +175,21 @@ def detect(template: str | None) -> str:
     return "hermes"
 
 
-# A JSON-format call opening: separators and markers, then {"name": ..., "arguments"|"parameters": <first char>;
-# or Mistral's v11 spelling, name[ARGS]<first char>. Group 2 is the arguments' first character.
+# A JSON call's opening, {"name": ..., "arguments"|"parameters": <first char>: group 1 is the
+# name as written, group 2 the arguments' first character (Hermes blocks open the same way).
+CALL_HEAD = r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(\S)'
+# Before it, separators and markers; or Mistral's v11 spelling, name[ARGS]<first char>.
 _SKIP = r'(?:\s|[;,\[\]}]|' + re.escape(PYTHON_TAG) + "|" + re.escape(MISTRAL_TAG) + ")*"
-_HEADS = (re.compile(_SKIP + r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(\S)'),
-          re.compile(_SKIP + r'([A-Za-z_][\w.\-]*)\[ARGS\]\s*(\S)'))
+_HEADS = (re.compile(_SKIP + CALL_HEAD), re.compile(_SKIP + r'([A-Za-z_][\w.\-]*)\[ARGS\]\s*(\S)'))
+
+
+def streamed_name(head: re.Match[str] | None, names: set[str]) -> str | None:
+    """The offered function a call's opening names, when its arguments open as an object
+    (what can stream); None otherwise."""
+    if head is None or head.group(2) != "{":
+        return None
+    name = jsontext.model_json(f'"{head.group(1)}"')
+    return name if name in names else None
 
 
 class JsonCallStream:
@@ -211,8 +221,8 @@ class JsonCallStream:
                 self.args = None
                 continue
             m = next((m for h in _HEADS if (m := h.match(buf, self.pos))), None)
-            name = jsontext.model_json(f'"{m.group(1)}"') if m is not None and m.group(2) == "{" else None
-            if name not in self.names:
+            name = streamed_name(m, self.names)
+            if name is None:
                 break
             self.calls += 1
             self.args, self.pos = ArgStream(), m.start(2)

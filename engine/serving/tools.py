@@ -35,13 +35,12 @@ from engine.serving.argstream import ArgStream
 from engine.serving.errors import bad_request
 from engine.serving.protocol import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall, ToolChoice
 from engine.serving.reasoning import ReasoningParser, ReasoningParserName
-from engine.serving.tool_formats import (FORMATS, MISTRAL_TAG, Call, CallDelta, TailParser, detect, fold,
-                                         make_call, new_call_id, partial_suffix)
+from engine.serving.tool_formats import (CALL_HEAD, FORMATS, MISTRAL_TAG, Call, CallDelta, TailParser, detect,
+                                         fold, make_call, new_call_id, partial_suffix, streamed_name)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-# How a Hermes block opens when it is a call whose arguments can stream: the name first,
-# then the arguments; group 2 is their first character (an object's "{" to stream).
-HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(\S)')
+# How a Hermes block opens when it is a call whose arguments can stream: the name first, then the arguments.
+HEADER = re.compile(r"\s*" + CALL_HEAD)
 
 DEFAULT_PROMPT = """You can call functions to help answer. Each function is described by a JSON object on its own line:
 {tools}
@@ -295,10 +294,8 @@ class CallParser:
     def _begin(self, calls: list[CallDelta]) -> None:
         """Start streaming the call if the block has opened as one to an offered function."""
         m = HEADER.match(self.buf)
-        if m is None or m.group(2) != "{":
-            return
-        name = jsontext.model_json(f'"{m.group(1)}"')
-        if name not in self.names:
+        name = streamed_name(m, self.names)
+        if m is None or name is None:
             return
         self.blank = ""
         self.calls += 1
