@@ -25,8 +25,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp", CSRC / "quant.cpp"]
-HEADERS = [CSRC / "vec.h"]
+SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp", CSRC / "quant.cpp", CSRC / "qgemm.cpp"]
+HEADERS = [CSRC / "vec.h", CSRC / "qblocks.h"]
 _state: dict[str, object] = {}
 _path_lock = threading.Lock()
 _unpinned: dict[int, set[int]] = {}  # thread id -> its CPU set before bind_threads pinned it

@@ -38,19 +38,17 @@ def row_bytes(qtype: int, k: int) -> int:
     return k // f.block * f.bytes
 
 
-def qlinear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, qtype: int, k: int) -> torch.Tensor:
-    """x [M, K] fp32 times the quantized W [N, K] transposed (module-level so profilers can wrap it)."""
+KERNELS = {"auto": 0, "few": 1, "many": 2}
+
+
+def qlinear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, qtype: int, k: int,
+            kernel: str = "auto") -> torch.Tensor:
+    """x [M, K] fp32 times the quantized W [N, K] transposed (module-level so profilers can
+    wrap it). `kernel` forces quant.cpp's few-rows kernel or qgemm.cpp's many-rows one,
+    which "auto" picks between by row count."""
     from kernels import cpu
 
-    return cpu.op("qlinear")(x, w, scales, qtype, k)
-
-
-def dequant_into(w: torch.Tensor, scales: torch.Tensor | None, out: torch.Tensor, qtype: int, k: int
-                 ) -> torch.Tensor:
-    """The whole [N, K] matrix in fp32, written into the front of the reusable buffer `out`."""
-    from kernels import cpu
-
-    return cpu.op("dequant_into")(w, scales, out, qtype, k)
+    return cpu.op("qlinear")(x, w, scales, qtype, k, KERNELS[kernel])
 
 
 def dequant_rows(w: torch.Tensor, scales: torch.Tensor | None, ids: torch.Tensor, qtype: int, k: int

@@ -1,13 +1,15 @@
-"""The quantized GEMM kernels (kernels/csrc/quant.cpp) alone, against the fp32 GEMM the
-engine uses otherwise (oneDNN, prepacked weights), on the embedded model's shapes.
+"""The quantized GEMM kernels (kernels/csrc/quant.cpp, qgemm.cpp) alone, against the
+fp32 GEMM the engine uses otherwise (oneDNN, prepacked weights), on the embedded model's
+shapes.
 
 For each row count M it reports milliseconds per pass over all of one layer's GEMMs plus
-the head, the weight bytes read per second, and the ratio to fp32 in the same run; then
-the same pass through the many-rows path (dequantize into a buffer, then oneDNN), whose
-crossover with the kernel sets engine/models/quantize.py's MANY_ROWS.
+the head, the weight bytes read per second, and the ratio to fp32 in the same run; with
+`--both`, also each kernel forced on every row count (few rows: quant.cpp's; many:
+qgemm.cpp's), whose crossover sets quant.cpp's few_rows_kernel.
 
     python scripts/bench_quant.py
     python scripts/bench_quant.py --rows 1,2,4,16,64,256 --types Q4_1,Q8_0,int8
+    python scripts/bench_quant.py --rows 8,12,16,24,32,48,64 --both
     python scripts/bench_quant.py --rss
 
 `--rss` instead loads the embedded model with each setting (null, gguf, int8) in a fresh
@@ -26,7 +28,6 @@ import torch
 
 from timing import best  # scripts/ is on sys.path when run as a script
 from engine.models import packed_linear
-from engine.models.quantize import QuantLinear
 from kernels import quant
 
 # (N, K) of SmolLM2-135M's GEMMs: qkv, o, gate_up, down; the head separately.
@@ -75,6 +76,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,8,16,64,256")
     ap.add_argument("--types", default="Q4_1,Q8_0,int8")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--both", action="store_true", help="also each kernel forced at every row count")
     ap.add_argument("--rss", action="store_true", help="resident memory after loading, per setting")
     args = ap.parse_args()
     if args.rss:
@@ -84,9 +86,9 @@ def main() -> None:
     dense = [packed_linear.PackedLinear(torch.randn(n, k, generator=gen), None) for n, k in shapes]
     fp32_bytes = sum(n * k * 4 for n, k in shapes)
     quants = {name: [blocks(NAMES[name], n, k, gen) for n, k in shapes] for name in args.types.split(",")}
-    mods = {name: [QuantLinear(w, s, NAMES[name], k) for (n, k), (w, s) in zip(shapes, ws)]
-            for name, ws in quants.items()}
-    print(f"{'rows':>5} {'format':>6} {'ms':>8} {'GB/s':>7} {'GFLOP/s':>8} {'vs fp32':>8} {'dequant+oneDNN ms':>18}")
+    kernels = ["auto"] + (["few", "many"] if args.both else [])
+    print(f"{'rows':>5} {'format':>6} {'ms':>8} {'GB/s':>7} {'GFLOP/s':>8} {'vs fp32':>8}"
+          + "".join(f" {k + ' ms':>8}" for k in kernels[1:]))
     for m in map(int, args.rows.split(",")):
         xs = {k: torch.randn(m, k, generator=gen) for k in {k for _, k in shapes}}
         flops = sum(2 * m * n * k for n, k in shapes)
@@ -95,15 +97,14 @@ def main() -> None:
         for name, ws in quants.items():
             qtype = NAMES[name]
 
-            def run() -> None:
+            def run(kernel: str) -> None:
                 for (n, k), (w, s) in zip(shapes, ws):
-                    quant.qlinear(xs[k], w, s, qtype, k)
+                    quant.qlinear(xs[k], w, s, qtype, k, kernel=kernel)
 
-            ms = best_ms(run, args.repeats)
-            many = best_ms(lambda: [mod._many_rows(xs[mod.in_features]) for mod in mods[name]], args.repeats)
+            ms = [best_ms(lambda: run(kernel), args.repeats) for kernel in kernels]
             nbytes = sum(w.numel() for w, _ in ws)
-            print(f"{m:>5} {name:>6} {ms:8.3f} {nbytes / ms / 1e6:7.1f} {flops / ms / 1e6:8.1f} {fp_ms / ms:8.2f}"
-                  f" {many:18.3f}")
+            print(f"{m:>5} {name:>6} {ms[0]:8.3f} {nbytes / ms[0] / 1e6:7.1f} {flops / ms[0] / 1e6:8.1f}"
+                  f" {fp_ms / ms[0]:8.2f}" + "".join(f" {t:8.3f}" for t in ms[1:]))
 
 
 if __name__ == "__main__":

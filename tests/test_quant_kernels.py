@@ -1,4 +1,4 @@
-"""The quantized GEMM kernels (kernels/csrc/quant.cpp) against their torch reference
+"""The quantized GEMM kernels (kernels/csrc/quant.cpp, qgemm.cpp) against their torch reference
 (kernels/quant.py), and the reference against the `gguf` package's own dequantization."""
 
 from __future__ import annotations
@@ -36,24 +36,74 @@ def test_the_reference_is_the_gguf_packages_dequantization(qtype):
     np.testing.assert_array_equal(got.numpy(), want.astype(np.float32))
 
 
-@pytest.mark.parametrize("qtype", TYPES + [quant.INT8_ROWS], ids=lambda t: quant.FORMATS[t].name)
-@pytest.mark.parametrize("m", [1, 2, 3, 7, 16, 65, 130])
-def test_qlinear_matches_the_reference_on_ragged_shapes(qtype, m):
-    gen = torch.Generator().manual_seed(1000 * qtype + m)
-    k = 512 if quant.FORMATS[qtype].block == 256 else 96
-    n = 4 * 5 + 3  # a ragged last panel of output channels
+# The few-rows kernel's types (K a multiple of 32 for int8 rows), built where the CPU has AVX2.
+STREAMED = [quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.INT8_ROWS]
+AVX2 = {"avx2", "fma"} <= set(next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split())
+
+
+def weights(qtype: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
     if qtype == quant.INT8_ROWS:
-        k += 5 if m % 2 == 0 else 0  # odd m: the few-rows path (K of 32s); even m: K not a multiple of 8
-        w, scales = quant.quantize_int8(torch.randn(n, k, generator=gen))
-    else:
-        w, scales = random_blocks(qtype, n, k, gen), None
-    x = torch.randn(m, k, generator=gen)
+        return quant.quantize_int8(torch.randn(n, k, generator=gen))
+    return random_blocks(qtype, n, k, gen), None
+
+
+def check_product(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, qtype: int, k: int,
+                  got: torch.Tensor) -> None:
     dense = quant.dequantize(w, scales, qtype, k).double()
     want = x.double() @ dense.T
-    got = quant.qlinear(x, w, scales, qtype, k).double()
     # fp32 sums in another order than float64's: a few sqrt(K) roundings of the terms' magnitude.
     bound = 4 * k ** 0.5 * 2.0 ** -24 * (x.double().abs() @ dense.abs().T)
-    assert torch.all((got - want).abs() <= bound), (got - want).abs().max()
+    assert torch.all((got.double() - want).abs() <= bound), (got.double() - want).abs().max()
+
+
+@pytest.mark.parametrize("qtype", TYPES + [quant.INT8_ROWS], ids=lambda t: quant.FORMATS[t].name)
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 16, 17, 25, 49, 65, 130])
+def test_qlinear_matches_the_reference_on_ragged_shapes(qtype, m):
+    """Whichever kernel the row count picks: the few-rows one up to 16-64 rows by type, the
+    many-rows one past that and for the K-quants."""
+    gen = torch.Generator().manual_seed(1000 * qtype + m)
+    k = 512 if quant.FORMATS[qtype].block == 256 else 96
+    if qtype == quant.INT8_ROWS and m % 2 == 0:
+        k += 5  # K not a multiple of 8: the many-rows kernel at every row count
+    n = 2 * 32 + 7  # two whole groups of 32 output channels and a ragged third
+    w, scales = weights(qtype, n, k, gen)
+    x = torch.randn(m, k, generator=gen)
+    check_product(x, w, scales, qtype, k, quant.qlinear(x, w, scales, qtype, k))
+
+
+@pytest.mark.parametrize("kernel", ["few", "many"])
+@pytest.mark.parametrize("qtype", STREAMED, ids=lambda t: quant.FORMATS[t].name)
+def test_each_kernel_matches_the_reference_at_every_row_count(qtype, kernel):
+    """Each kernel forced on row counts on both sides of where "auto" switches, with every
+    remainder of the register tiles (12 rows with AVX-512, 6 with AVX2)."""
+    gen = torch.Generator().manual_seed(qtype + len(kernel))
+    k, n = 128, 3 * 32 + 5
+    w, scales = weights(qtype, n, k, gen)
+    for m in list(range(1, 27)) + [48, 49, 64, 97]:
+        x = torch.randn(m, k, generator=gen)
+        if kernel == "few" and not AVX2:
+            with pytest.raises(RuntimeError, match="few-rows kernel needs AVX2"):
+                quant.qlinear(x, w, scales, qtype, k, kernel=kernel)
+            continue
+        check_product(x, w, scales, qtype, k, quant.qlinear(x, w, scales, qtype, k, kernel=kernel))
+
+
+def test_many_rows_is_batch_invariant():
+    """In the many-rows kernel a row's outputs are one FMA chain in k order, whichever tile
+    it lands in: a row alone or among 100 gives the same bits."""
+    gen = torch.Generator().manual_seed(11)
+    k, n = 256, 70
+    w, _ = weights(quant.Q4_1, n, k, gen)
+    x = torch.randn(100, k, generator=gen)
+    whole = quant.qlinear(x, w, None, quant.Q4_1, k, kernel="many")
+    for rows in (slice(0, 1), slice(37, 50), slice(99, 100)):
+        assert torch.equal(quant.qlinear(x[rows], w, None, quant.Q4_1, k, kernel="many"), whole[rows])
+
+
+def test_the_few_rows_kernel_refuses_types_it_cannot_stream():
+    w = random_blocks(quant.Q4_K, 8, 256, torch.Generator().manual_seed(3))
+    with pytest.raises(RuntimeError, match="few-rows kernel needs"):
+        quant.qlinear(torch.randn(2, 256), w, None, quant.Q4_K, 256, kernel="few")
 
 
 @pytest.mark.parametrize("qtype", TYPES + [quant.INT8_ROWS], ids=lambda t: quant.FORMATS[t].name)
@@ -70,27 +120,17 @@ def test_dequant_rows_is_an_embedding_lookup(qtype):
 
 
 @pytest.mark.parametrize("qtype", [quant.Q4_1, quant.Q6_K, quant.INT8_ROWS], ids=lambda t: quant.FORMATS[t].name)
-def test_many_rows_go_through_onednn_whole_and_in_slices(qtype, monkeypatch):
-    """From MANY_ROWS on, QuantLinear multiplies a dequantized weight with oneDNN; a matrix
-    larger than the scratch (the head) goes in slices of output channels."""
+def test_quant_linear_adds_its_bias_at_any_row_count(qtype):
     from engine.models import quantize
 
     gen = torch.Generator().manual_seed(qtype + 3)
     n, k = 40, 256
-    if qtype == quant.INT8_ROWS:
-        w, scales = quant.quantize_int8(torch.randn(n, k, generator=gen))
-    else:
-        w, scales = random_blocks(qtype, n, k, gen), None
+    w, scales = weights(qtype, n, k, gen)
     bias = torch.randn(n, generator=gen)
     layer = quantize.QuantLinear(w, scales, qtype, k, bias)
-    x = torch.randn(70, k, generator=gen)
-    dense = quant.dequantize(w, scales, qtype, k).double()
-    want = x.double() @ dense.T + bias.double()
-    bound = 4 * k ** 0.5 * 2.0 ** -24 * (x.double().abs() @ dense.abs().T + bias.double().abs())
-    for scratch in (quantize.SCRATCH_VALUES, 16 * k):  # whole; slices of 16 channels
-        monkeypatch.setattr(quantize, "SCRATCH_VALUES", scratch)
-        got = layer(x).double()
-        assert torch.all((got - want).abs() <= bound), (scratch, (got - want).abs().max())
+    for m in (1, 70):
+        x = torch.randn(m, k, generator=gen)
+        torch.testing.assert_close(layer(x), quant.qlinear(x, w, scales, qtype, k) + bias, rtol=0, atol=0)
 
 
 def test_int8_is_per_channel_symmetric_and_close():

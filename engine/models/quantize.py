@@ -1,5 +1,6 @@
 """Quantized weights for the CPU: every GEMM of the model (the projections, the MLP and
-the head) and the embedding computed on quantized weights by kernels/csrc/quant.cpp.
+the head) and the embedding computed on quantized weights by the native kernels
+(kernels/csrc/quant.cpp for few rows, qgemm.cpp for many), at every row count.
 
 - "gguf": the GGUF file's own blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), so the values are
   exactly those the file holds, which are the ones the fp32 path dequantizes;
@@ -19,20 +20,9 @@ import torch
 from torch import nn
 
 from engine.errors import ParamError
-from engine.models import packed_linear
 from kernels import quant
 
 MODES = ("gguf", "int8")
-# For few rows (decode) the native kernel streams the blocks once; from MANY_ROWS on, the
-# weight is dequantized into a reused fp32 buffer and multiplied by oneDNN, which wins
-# there. The crossover, from scripts/bench_quant.py on the embedded model's shapes
-# (benchmarks/RESULTS.md): about 24 rows for Q4_0/Q4_1, past 32 for Q8_0 and int8. The
-# K-quants have no streaming kernel. The buffer holds 8 MB of one matrix at a time (a layer's
-# projection whole, the head in slices), so no fp32 copy of the model exists.
-MANY_ROWS = {quant.Q8_0: 33, quant.Q4_0: 25, quant.Q4_1: 25, quant.INT8_ROWS: 33}
-MANY_ROWS_DEFAULT = 5
-SCRATCH_VALUES = 2 << 20
-_scratch: list[torch.Tensor] = []
 # Our fused projections and the GGUF tensors that fill them, in order.
 GGUF_PARTS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "self_attn.o_proj": ("attn_output",),
               "mlp.gate_up_proj": ("ffn_gate", "ffn_up"), "mlp.down_proj": ("ffn_down",)}
@@ -45,30 +35,13 @@ class QuantLinear(nn.Module):
                  bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.qtype, self.in_features, self.out_features = qtype, in_features, qweight.shape[0]
-        self.many_rows = MANY_ROWS.get(qtype, MANY_ROWS_DEFAULT)
         self.register_buffer("qweight", qweight.contiguous())
         self.register_buffer("scales", None if scales is None else scales.float().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= self.many_rows:
-            return self._many_rows(x)
         y = quant.qlinear(x, self.qweight, self.scales, self.qtype, self.in_features)
         return y if self.bias is None else y.add_(self.bias)
-
-    def _many_rows(self, x: torch.Tensor) -> torch.Tensor:
-        k, n = self.in_features, self.out_features
-        step = max(8, SCRATCH_VALUES // k)
-        buf = _buffer(min(n, step) * k)
-        if n <= step:
-            return packed_linear.linear(x, quant.dequant_into(self.qweight, self.scales, buf, self.qtype, k), self.bias)
-        y = x.new_empty(x.shape[0], n)
-        for n0 in range(0, n, step):
-            part = slice(n0, min(n, n0 + step))
-            dense = quant.dequant_into(self.qweight[part], None if self.scales is None else self.scales[part], buf,
-                                       self.qtype, k)
-            y[:, part] = packed_linear.linear(x, dense, None if self.bias is None else self.bias[part])
-        return y
 
     def dequantized(self) -> torch.Tensor:
         return quant.dequantize(self.qweight, self.scales, self.qtype, self.in_features)
@@ -88,13 +61,6 @@ class QuantEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = self.table
         return quant.dequant_rows(t.qweight, t.scales, ids, t.qtype, t.in_features)
-
-
-def _buffer(numel: int) -> torch.Tensor:
-    """One fp32 buffer per process, grown to the largest matrix dequantized so far."""
-    if not _scratch or _scratch[0].numel() < numel:
-        _scratch[:] = [torch.empty(numel)]
-    return _scratch[0]
 
 
 def check(mode: str | None, device: torch.device, dtype: torch.dtype, tp: int, pp: int) -> None:

@@ -1,0 +1,225 @@
+// The quantized weight formats for the CPU kernels (quant.cpp: few rows; qgemm.cpp: many
+// rows): GGML's block layouts, the exact dequantization of a row, and the vector helpers
+// both kernels are written in (16 floats with AVX-512, 8 with AVX2).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "vec.h"
+
+namespace pagedserve {
+namespace quant {
+
+// GGML's type numbers for the block types, and ours for int8 rows.
+constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, INT8_ROWS = 1000;
+
+inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      int e = -1;
+      uint32_t m = man;
+      do { m <<= 1; ++e; } while (!(m & 0x400));
+      bits = sign | ((112 - e) << 23) | ((m & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// Bytes of one row of K weights in each format.
+inline int64_t row_bytes(int64_t qtype, int64_t K) {
+  switch (qtype) {
+    case Q8_0: return K / 32 * 34;
+    case Q4_0: return K / 32 * 18;
+    case Q4_1: return K / 32 * 20;
+    case Q4_K: return K / 256 * 144;
+    case Q6_K: return K / 256 * 210;
+    case INT8_ROWS: return K;
+  }
+  TORCH_CHECK(false, "unsupported quantized type ", qtype);
+}
+
+// 16 packed nibbles -> 32 floats q * d + m: low nibbles are weights 0-15, high ones 16-31.
+inline void nibbles(const uint8_t* qs, float d, float m, float* out) {
+#ifdef PAGEDSERVE_AVX2
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+  const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int i = 0; i < 4; ++i) {
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i]));
+    _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(f, vd, vm));
+  }
+#else
+  for (int j = 0; j < 16; ++j) {
+    out[j] = (qs[j] & 0x0f) * d + m;
+    out[j + 16] = (qs[j] >> 4) * d + m;
+  }
+#endif
+}
+
+// n signed bytes -> floats q * d (n a multiple of 8 on the AVX2 path's main loop).
+inline void bytes_scaled(const int8_t* q, float d, float* out, int64_t n) {
+  int64_t j = 0;
+#ifdef PAGEDSERVE_AVX2
+  const __m256 vd = _mm256_set1_ps(d);
+  for (; j + 8 <= n; j += 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + j));
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), vd));
+  }
+#endif
+  for (; j < n; ++j) out[j] = q[j] * d;
+}
+
+// Q4_K: 256 weights, two fp16 super-scales and eight 6-bit (scale, min) pairs.
+inline void scale_min_k4(int j, const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+inline void dequant_q4_k(const uint8_t* b, float* out) {
+  const float d = half_to_float(load_u16(b)), dmin = half_to_float(load_u16(b + 2));
+  const uint8_t* scales = b + 4;
+  const uint8_t* q = b + 16;
+  for (int g = 0; g < 4; ++g) {  // 64 weights: 32 low nibbles, then 32 high ones
+    uint8_t s0, m0, s1, m1;
+    scale_min_k4(2 * g, scales, &s0, &m0);
+    scale_min_k4(2 * g + 1, scales, &s1, &m1);
+    const float d0 = d * s0, n0 = dmin * m0, d1 = d * s1, n1 = dmin * m1;
+    for (int l = 0; l < 32; ++l) {
+      out[64 * g + l] = d0 * (q[l] & 0x0f) - n0;
+      out[64 * g + 32 + l] = d1 * (q[l] >> 4) - n1;
+    }
+    q += 32;
+  }
+}
+
+// Q6_K: 256 weights of 4 low bits (ql) and 2 high bits (qh), sixteen int8 scales, fp16 d.
+inline void dequant_q6_k(const uint8_t* b, float* out) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = half_to_float(load_u16(b + 208));
+  for (int half = 0; half < 2; ++half) {
+    for (int l = 0; l < 32; ++l) {
+      const int s = l / 16;
+      const int q1 = ((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      out[l] = d * sc[s] * q1;
+      out[l + 32] = d * sc[s + 2] * q2;
+      out[l + 64] = d * sc[s + 4] * q3;
+      out[l + 96] = d * sc[s + 6] * q4;
+    }
+    out += 128;
+    ql += 64;
+    qh += 32;
+    sc += 8;
+  }
+}
+
+// One weight row of K values, dequantized into out.
+inline void dequant_row(const uint8_t* row, int64_t qtype, int64_t K, float scale, float* out) {
+  switch (qtype) {
+    case Q8_0:
+      for (int64_t k = 0; k < K; k += 32, row += 34)
+        bytes_scaled(reinterpret_cast<const int8_t*>(row + 2), half_to_float(load_u16(row)), out + k, 32);
+      return;
+    case Q4_0:
+      for (int64_t k = 0; k < K; k += 32, row += 18) {
+        const float d = half_to_float(load_u16(row));
+        nibbles(row + 2, d, -8.f * d, out + k);
+      }
+      return;
+    case Q4_1:
+      for (int64_t k = 0; k < K; k += 32, row += 20)
+        nibbles(row + 4, half_to_float(load_u16(row)), half_to_float(load_u16(row + 2)), out + k);
+      return;
+    case Q4_K:
+      for (int64_t k = 0; k < K; k += 256, row += 144) dequant_q4_k(row, out + k);
+      return;
+    case Q6_K:
+      for (int64_t k = 0; k < K; k += 256, row += 210) dequant_q6_k(row, out + k);
+      return;
+    case INT8_ROWS:
+      bytes_scaled(reinterpret_cast<const int8_t*>(row), scale, out, K);
+      return;
+  }
+}
+
+inline void check_weights(const at::Tensor& w, int64_t qtype, int64_t K) {
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && (w.scalar_type() == at::kByte || w.scalar_type() == at::kChar),
+              "quantized weights must be a contiguous [N, row_bytes] byte tensor");
+  const int64_t block = (qtype == Q4_K || qtype == Q6_K) ? 256 : (qtype == INT8_ROWS ? 1 : 32);
+  TORCH_CHECK(K % block == 0, "K (", K, ") must be a multiple of the block length ", block);
+  TORCH_CHECK(w.size(1) == row_bytes(qtype, K), "weight rows hold ", w.size(1), " bytes, type ", qtype,
+              " with K ", K, " needs ", row_bytes(qtype, K));
+}
+
+#ifdef PAGEDSERVE_AVX2
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+#if defined(__AVX512F__)
+constexpr int VL = 16;
+using vf = __m512;
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
+inline vf vset(float v) { return _mm512_set1_ps(v); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+#else
+constexpr int VL = 8;
+using vf = __m256;
+inline vf vzero() { return _mm256_setzero_ps(); }
+inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
+inline vf vset(float v) { return _mm256_set1_ps(v); }
+inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline float vsum(vf v) { return hsum(v); }
+#endif
+#endif
+
+// y[M, N] = x[M, K] . W[N, K]^T for many rows (qgemm.cpp); any type, any build.
+void many_rows(const float* x, int64_t M, int64_t N, int64_t K, const uint8_t* w, int64_t qtype,
+               const float* scales, float* y);
+
+}  // namespace quant
+}  // namespace pagedserve
