@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import reference
+from kernels import cpu, reference
 
 
 class AttentionBackend:
@@ -92,7 +92,6 @@ class NativeBackend(AttentionBackend):
 
     def load(self) -> AttentionBackend:
         from engine.errors import ParamError
-        from kernels import cpu
 
         if cpu.load():
             return self
@@ -101,13 +100,9 @@ class NativeBackend(AttentionBackend):
         return TorchBackend()
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
-        from kernels import cpu
-
         cpu.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def attention(self, q, k_cache, v_cache, meta, scale: float) -> torch.Tensor:
-        from kernels import cpu
-
         return cpu.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
                                    scale)
 

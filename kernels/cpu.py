@@ -28,6 +28,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp", CSRC / "quant.cpp", CSRC / "qgemm.cpp"]
 HEADERS = [CSRC / "vec.h", CSRC / "qblocks.h"]
 _state: dict[str, object] = {}
+_ops: dict[str, object] = {}  # name -> op, once loaded (a decode step makes ~300 calls)
 _path_lock = threading.Lock()
 _unpinned: dict[int, set[int]] = {}  # thread id -> its CPU set before bind_threads pinned it
 
@@ -125,9 +126,12 @@ def available() -> bool:
 
 def op(name: str):
     """One of the native ops, building them first if need be."""
-    if not load():
-        raise RuntimeError("the native CPU kernels could not be built")
-    return getattr(torch.ops.pagedserve, name)
+    fn = _ops.get(name)
+    if fn is None:
+        if not load():
+            raise RuntimeError("the native CPU kernels could not be built")
+        fn = _ops[name] = getattr(torch.ops.pagedserve, name)
+    return fn
 
 
 def paged_attention(

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import cpu
+
 # GGML's type numbers; INT8_ROWS is ours.
 Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, INT8_ROWS = 2, 3, 8, 12, 14, 1000
 
@@ -46,15 +48,11 @@ def qlinear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, qtype
     """x [M, K] fp32 times the quantized W [N, K] transposed (module-level so profilers can
     wrap it). `kernel` forces quant.cpp's few-rows kernel or qgemm.cpp's many-rows one,
     which "auto" picks between by row count."""
-    from kernels import cpu
-
     return cpu.op("qlinear")(x, w, scales, qtype, k, KERNELS[kernel])
 
 
 def dequant_rows(w: torch.Tensor, scales: torch.Tensor | None, ids: torch.Tensor, qtype: int, k: int
                  ) -> torch.Tensor:
-    from kernels import cpu
-
     return cpu.op("dequant_rows")(w, scales, ids, qtype, k)
 
 
