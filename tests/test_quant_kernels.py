@@ -59,7 +59,7 @@ def check_product(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None,
 @pytest.mark.parametrize("qtype", TYPES + [quant.INT8_ROWS], ids=lambda t: quant.FORMATS[t].name)
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 16, 17, 25, 49, 65, 130])
 def test_qlinear_matches_the_reference_on_ragged_shapes(qtype, m):
-    """Whichever kernel the row count picks: the few-rows one up to 16-64 rows by type, the
+    """Whichever kernel the row count picks: the few-rows one up to 8-64 rows by type and ISA, the
     many-rows one past that and for the K-quants."""
     gen = torch.Generator().manual_seed(1000 * qtype + m)
     k = 512 if quant.FORMATS[qtype].block == 256 else 96
