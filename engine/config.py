@@ -101,8 +101,9 @@ class EngineConfig(BaseModel):
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     pipeline_parallel_size: int = Field(1, ge=1, le=64)
     # Compute on quantized weights (CPU, engine/models/quantize.py): "gguf" keeps a GGUF
-    # file's blocks, "int8" quantizes any checkpoint per output channel at load.
-    quantization: Literal["gguf", "int8"] | None = None
+    # file's blocks, "int8" quantizes any checkpoint per output channel at load, "auto" is
+    # "gguf" where that loses nothing (quantize.auto) and the dense weights elsewhere.
+    quantization: Literal["auto", "gguf", "int8"] | None = None
     speculative_config: SpeculativeConfig | None = None
 
     @model_validator(mode="after")

@@ -45,11 +45,15 @@ def _child_seed(seed: int, index: int) -> int:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
-        if config.quantization == "gguf":
+        if config.quantization == "auto":  # what it stands for here, for every layer below
+            from engine.models import quantize
+
+            config = config.model_copy(update={"quantization": quantize.auto(config)})
+        elif config.quantization == "gguf":
             from engine.models import quantize
 
             quantize.preflight(str(config.model or loader.default_model_path()))
+        self.config = config
         files = loader.resolve(config.model)
         hf_config = loader.load_config(files)
         placement = Placement.resolve(config, hf_config)

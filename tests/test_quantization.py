@@ -143,3 +143,30 @@ def test_a_block_type_without_a_kernel_is_refused(tmp_path, monkeypatch):
     # refused from the file's header, before the loader spent time and disk dequantizing it
     assert not (tmp_path / "cache").exists()
 
+
+
+@pytest.mark.parametrize("kw, bf16_cpu, want", [
+    (dict(dtype="float32"), True, "gguf"),
+    (dict(dtype="auto"), False, "gguf"),
+    (dict(dtype="auto"), True, None),  # bf16 there: the dense bf16 GEMMs win at many rows
+    (dict(dtype="bfloat16"), False, None),
+    (dict(dtype="float32", tensor_parallel_size=2), False, None),
+])
+def test_auto_is_gguf_where_the_activations_are_fp32_anyway(kw, bf16_cpu, want, monkeypatch):
+    from engine import config as config_module
+
+    monkeypatch.setattr(config_module, "cpu_has_bf16", lambda: bf16_cpu)
+    assert quantize.auto(config_module.EngineConfig(device="cpu", quantization="auto", **kw)) == want
+
+
+def test_auto_keeps_other_checkpoints_dense(tiny_model_factory):
+    from engine.config import EngineConfig
+
+    model = str(tiny_model_factory("quant-tiny", tie_word_embeddings=False))
+    assert quantize.auto(EngineConfig(model=model, device="cpu", dtype="float32", quantization="auto")) is None
+
+
+def test_auto_reports_what_it_chose(gguf_llm):
+    llm = LLM(dtype="float32", quantization="auto", **KW)
+    assert llm.stats().quantization == "gguf"
+    assert llm.stats().weight_bytes == gguf_llm.stats().weight_bytes

@@ -67,6 +67,28 @@ class QuantEmbedding(nn.Module):
         return quant.dequant_rows(t.qweight, t.scales, ids, t.qtype, t.in_features)
 
 
+def auto(config: Any) -> str | None:
+    """What quantization "auto" means for an EngineConfig: "gguf" for a GGUF model whose
+    activations are fp32 anyway (dtype float32, or auto on a CPU without native bf16), on
+    one CPU process, when every GEMM tensor has a kernel; None (the dense weights)
+    otherwise. There the blocks decode about 3x faster than fp32 and prefill and large
+    batches run as fast (benchmarks/RESULTS.md); where the CPU has native bf16, the dense
+    bf16 GEMMs outrun fp32-activation ones 1.5x at 64 requests, so dense wins."""
+    from engine.config import _device, _dtype
+    from engine.models import loader
+
+    device = _device(config.device)
+    if device.type != "cpu" or config.tensor_parallel_size * config.pipeline_parallel_size != 1:
+        return None
+    if _dtype(config.dtype, device) != torch.float32:
+        return None
+    try:
+        preflight(str(config.model or loader.default_model_path()))
+    except ParamError:  # not a GGUF, or a block type without a kernel
+        return None
+    return "gguf"
+
+
 def check(mode: str | None, device: torch.device, dtype: torch.dtype, tp: int, pp: int) -> None:
     """What can be decided from the config alone."""
     if mode is None:
