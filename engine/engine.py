@@ -45,14 +45,13 @@ def _child_seed(seed: int, index: int) -> int:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        if config.quantization == "auto":  # what it stands for here, for every layer below
+        if config.quantization in ("auto", "gguf"):
             from engine.models import quantize
 
-            config = config.model_copy(update={"quantization": quantize.auto(config)})
-        elif config.quantization == "gguf":
-            from engine.models import quantize
-
-            quantize.preflight(str(config.model or loader.default_model_path()))
+            if config.quantization == "auto":  # what it stands for here, for every layer below
+                config = config.model_copy(update={"quantization": quantize.auto(config)})
+            else:
+                quantize.preflight(str(config.model or loader.default_model_path()))
         self.config = config
         files = loader.resolve(config.model)
         hf_config = loader.load_config(files)

@@ -153,6 +153,27 @@ class MLP(nn.Module):
         return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
 
+@dataclass(frozen=True, slots=True)
+class Flat:
+    """One decoder layer's weights, projections and sizes as plain references."""
+
+    norm1: torch.Tensor
+    eps1: float
+    norm2: torch.Tensor
+    eps2: float
+    qkv: Callable[[torch.Tensor], torch.Tensor]
+    o: Callable[[torch.Tensor], torch.Tensor]
+    gate_up: Callable[[torch.Tensor], torch.Tensor]
+    down: Callable[[torch.Tensor], torch.Tensor]
+    heads: int
+    kv_heads: int
+    head_dim: int
+    q_size: int
+    v_at: int  # where v starts in a qkv row
+    scale: float
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None  # the tensor-parallel all-reduce, if any
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config, heads: parallel.Heads, tp: parallel.Group) -> None:
         super().__init__()
@@ -197,27 +218,6 @@ class DecoderLayer(nn.Module):
         x = cpu_kernels.add_rms_norm(out if f.reduce is None else f.reduce(out), residual, f.norm2, f.eps2)
         out = f.down(cpu_kernels.silu_mul(f.gate_up(x)))
         return out if f.reduce is None else f.reduce(out)
-
-
-@dataclass(frozen=True, slots=True)
-class Flat:
-    """One decoder layer's weights, projections and sizes as plain references."""
-
-    norm1: torch.Tensor
-    eps1: float
-    norm2: torch.Tensor
-    eps2: float
-    qkv: Callable[[torch.Tensor], torch.Tensor]
-    o: Callable[[torch.Tensor], torch.Tensor]
-    gate_up: Callable[[torch.Tensor], torch.Tensor]
-    down: Callable[[torch.Tensor], torch.Tensor]
-    heads: int
-    kv_heads: int
-    head_dim: int
-    q_size: int
-    v_at: int  # where v starts in a qkv row
-    scale: float
-    reduce: Callable[[torch.Tensor], torch.Tensor] | None  # the tensor-parallel all-reduce, if any
 
 
 class LlamaForCausalLM(nn.Module):

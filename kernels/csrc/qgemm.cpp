@@ -2,9 +2,9 @@
 // count for the K-quants): y[M, N] = x[M, K] . W[N, K]^T with W kept as blocks.
 //
 // A group of NR output channels is dequantized and laid out k-major ([K][NR]) in a
-// scratch that stays in L2, then every row of a row block runs over it in R x NR register
-// tiles: per k, NR weights are two vector loads and each row's x[k] one broadcast, so the
-// FMAs, not the loads, set the pace, as in a BLAS micro-kernel. The weights exist in fp32
+// scratch that stays in L2, then every row runs over it in R x NR register tiles: per k,
+// the NR weights are NV vector loads and each row's x[k] one broadcast, so the FMAs, not
+// the loads, set the pace, as in a BLAS micro-kernel. The weights exist in fp32
 // only in that scratch: memory delivers the blocks' bytes, each dequantized value serves
 // every row of the block, and no buffer the size of a matrix is written and read back, as
 // dequantizing it whole for oneDNN did. Each output is one fp32 FMA chain in k order.
@@ -120,7 +120,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t K, const float* w, f
 #endif
 }
 
-// The last rows of a block, fewer than R: the tile that fits them exactly.
+// The last rows, fewer than R: the tile that fits them exactly.
 template <int RR>
 void tail(int64_t left, const float* x, int64_t K, const float* w, float* y, int64_t ldy, int64_t cols) {
   if constexpr (RR > 0) {
