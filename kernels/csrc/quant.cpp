@@ -13,7 +13,6 @@
 #include <ATen/Parallel.h>
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "qblocks.h"
