@@ -25,7 +25,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp", CSRC / "quant.cpp", CSRC / "qgemm.cpp"]
+SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp", CSRC / "quant.cpp", CSRC / "qgemm.cpp",
+           CSRC / "bgemm.cpp"]
 HEADERS = [CSRC / "vec.h", CSRC / "qblocks.h", CSRC / "attn_decode512.h"]
 _state: dict[str, object] = {}
 _ops: dict[str, object] = {}  # name -> op, once loaded (a decode step makes ~300 calls)
@@ -119,6 +120,10 @@ def _register_fakes() -> None:
     def _(gate_up):
         return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
 
+    @torch.library.register_fake(lib + "bgemm")
+    def _(x, panels, n, bias):
+        return x.new_empty(x.shape[0], n)
+
 
 def available() -> bool:
     return load()
@@ -198,6 +203,21 @@ def rope_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, with gate_up = [gate | up] along the last dimension."""
     return op("silu_mul")(gate_up)
+
+
+def bgemm_available() -> bool:
+    """Whether this build has the bf16 GEMM (kernels/csrc/bgemm.cpp: CPUs with AVX512_BF16)."""
+    return load() and bool(op("bgemm_available")())
+
+
+def bgemm_pack(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 [N, K] weight (K even) as bgemm's panels."""
+    return op("bgemm_pack")(weight)
+
+
+def bgemm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] . W^T (+ bias) in bf16 with fp32 accumulation, W as bgemm_pack made it."""
+    return op("bgemm")(x, panels, n, bias)
 
 
 if __name__ == "__main__":

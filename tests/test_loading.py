@@ -163,14 +163,15 @@ def test_a_sliding_window_model_is_served_only_within_its_window(tiny_model_fact
 
 def test_bf16_greedy_departs_from_fp32_only_at_near_ties(tokenizer):
     """bf16 keeps 8 significant bits, so each logit carries ~0.4% relative noise: greedy
-    picks may flip where fp32's top two are that close, and after one flip the
+    picks may flip where fp32's top candidates are that close, and after one flip the
     continuations part ways for good. So every place where a bf16 run first departs from
-    fp32 must be such a near-tie: bf16 picked fp32's runner-up, at most 0.25 nats below
-    fp32's choice. A defect, however late it starts, picks tokens that are no near-tie.
-    (Measured on this set: 11 of 16 prompts agree on all 32 tokens; the 5 departures are
-    all to the runner-up, at gaps of 0.03 to 0.16 nats, at tokens 6 to 31.)"""
+    fp32 must be such a near-tie: bf16 picked one of fp32's top five, at most 0.25 nats
+    below fp32's choice. A defect, however late it starts, picks tokens that are no
+    near-tie. (Measured on this set with the native bf16 GEMM: 9 of 16 prompts agree on
+    all 32 tokens; of the 7 departures six go to the runner-up and one to the third
+    choice, at gaps of 0.02 to 0.19 nats, at tokens 1 to 31.)"""
     prompts = make_prompts(tokenizer, 16, 48)
-    p = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=2)
+    p = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=5)
     fp32 = [o.outputs[0] for o in LLM(dtype="float32", max_model_len=256).generate(prompts, p, use_tqdm=False)]
     bf16 = [o.outputs[0] for o in LLM(dtype="bfloat16", max_model_len=256).generate(prompts, p, use_tqdm=False)]
     whole = 0
@@ -179,8 +180,9 @@ def test_bf16_greedy_departs_from_fp32_only_at_near_ties(tokenizer):
         if i is None:
             whole += 1
             continue
-        (first, lp1), (second, lp2) = a.logprobs[i].top
-        assert b.token_ids[i] == second and lp1 - lp2 <= 0.25, (i, a.logprobs[i].top, b.token_ids[i])
+        top = dict(a.logprobs[i].top)
+        chosen = top[a.token_ids[i]]
+        assert b.token_ids[i] in top and chosen - top[b.token_ids[i]] <= 0.25, (i, a.logprobs[i].top, b.token_ids[i])
     assert whole >= 8, whole
 
 
