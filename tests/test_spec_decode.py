@@ -84,9 +84,10 @@ def test_speculation_changes_nothing_in_greedy_output(baseline, tokenizer, defau
     stop, lps, js = got[-3].outputs[0], got[-2].outputs[0], got[-1].outputs[0]
     assert stop.finish_reason == "stop" and stop.stop_reason in ("fibonacci", "lamp")
     for a, b in zip(lps.logprobs, want[-2].outputs[0].logprobs):
-        assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-5
+        # the same tokens; the values come from other kernels' fp32 rounding (a k+1-row
+        # query through the prefill path, not the decode path: 1.05e-5 apart seen here)
+        assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-4
         assert [t for t, _ in a.top] == [t for t, _ in b.top]
-        # the alternatives come from other kernels' rounding (a k+1-row query, not a decode)
         assert all(abs(x - y) < 1e-4 for (_, x), (_, y) in zip(a.top, b.top))
     if js.finish_reason == "stop":
         assert set(json.loads(js.text)) == {"city", "population"}
