@@ -4,8 +4,8 @@
 // work item (all query heads of a KV head, for a chunk of query tokens), and softmax is
 // online with fp32 accumulation. Work items are (sequence, KV head, query chunk, KV
 // split); splits of long contexts keep both cores busy when the batch is small, and
-// are merged with their log-sum-exp weights at the end. Decode items of head_dim 64 or
-// 128 take the AVX-512 path of attn_decode512.h where the CPU has it.
+// are merged with their log-sum-exp weights at the end. Head dims 64 and 128 take the
+// AVX-512 path of attn512.h where the CPU has it.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -20,7 +20,7 @@
 
 #include "vec.h"
 #if defined(__AVX512F__)
-#include "attn_decode512.h"
+#include "attn512.h"
 #endif
 
 namespace {
@@ -181,9 +181,9 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
   std::fill(acc, acc + static_cast<int64_t>(R) * D, 0.f);
 #if defined(__AVX512F__)
   if constexpr (!std::is_same<scalar_t, double>::value) {
-    if (nq == 1 && G <= pagedserve::attn512::kMaxG && (D == 64 || D == 128)) {
-      (D == 64 ? pagedserve::attn512::decode<scalar_t, 4, BS> : pagedserve::attn512::decode<scalar_t, 8, BS>)(
-          qf.data(), kc, vc, table, it.kv0, it.kv1, H, Hkv, acc, m, l);
+    if (G <= pagedserve::attn512::kMaxG && (D == 64 || D == 128)) {
+      (D == 64 ? pagedserve::attn512::attend<scalar_t, 4, BS> : pagedserve::attn512::attend<scalar_t, 8, BS>)(
+          qf.data(), q0, scale, kc, vc, table, it.kv0, it.kv1, nq, seq_len - q_len + it.q0, H, Hkv, acc, m, l);
       return;
     }
   }

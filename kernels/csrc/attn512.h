@@ -1,19 +1,20 @@
-// Decode attention with AVX-512: one query token of one sequence against its keys
-// [kv0, kv1), every query head. Included by paged_attention.cpp, which falls back to its
-// AVX2 path for other head sizes and CPUs.
+// Paged attention with AVX-512, decode and prefill alike: one work item (a sequence's
+// chunk of query tokens, every head) against its keys. Included by paged_attention.cpp,
+// which keeps its AVX2 and portable paths for other head sizes and CPUs.
 //
 // The AVX2 path reduced each query-key dot product horizontally on its own and ran the
-// softmax one score at a time: in the 64-request workload it read the cold KV cache at
-// about 16 GB/s against about 32 GB/s that plain reads get. Here sixteen keys' dot
-// products are reduced together into one vector of sixteen scores (45 shuffles and adds
-// for the sixteen), the online softmax works on that vector, and P V keeps up to 16
-// accumulator vectors (4 query heads x 64 dims) in registers across the keys of a block.
+// softmax one score at a time; its prefill transposed each K block with scalar copies.
+// Here sixteen keys' dot products are reduced together into one vector of sixteen scores
+// (45 shuffles and adds for the sixteen), the online softmax works on that vector, and
+// P V keeps up to 16 accumulator vectors (4 query heads x 64 dims) in registers across
+// the keys of a block. bf16 caches take q . k on vdpbf16ps where the CPU has AVX512_BF16.
 #pragma once
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #include <ATen/ATen.h>
 
@@ -88,11 +89,16 @@ inline void pv(const float (*p)[16], const float* c, const V* v, int64_t vs, int
     for (int d = 0; d < ND; ++d) _mm512_storeu_ps(o + j * D + 16 * d, a[j][d]);
 }
 
-// qf: the H query rows in fp32, pre-scaled. Writes the unnormalised acc [H][D], the
-// running max m and the sum l per head, which the caller initialised (-inf, 0, 0).
+// One work item: query tokens i < nq (token i at position first_pos + i, causal) of one
+// sequence, every query head (row i * H + h), against its keys [kv0, kv1). qf: the rows
+// in fp32, pre-scaled; q: the same rows as given (bf16 caches take q . k on vdpbf16ps
+// where the CPU has it: exact products, fp32 sums, scaled after). Writes the
+// unnormalised acc [nq * H][D], the running max m and the sum l per row, which the caller
+// initialised (-inf, 0, 0).
 template <typename scalar_t, int ND, int BS>
-void decode(const float* qf, const scalar_t* kc, const scalar_t* vc, const int32_t* table, int kv0, int kv1,
-            int H, int Hkv, float* acc, float* m, float* l) {
+void attend(const float* qf, const scalar_t* q, float scale, const scalar_t* kc, const scalar_t* vc,
+            const int32_t* table, int kv0, int kv1, int nq, int first_pos, int H, int Hkv, float* acc, float* m,
+            float* l) {
   constexpr int D = ND * 16;
   constexpr int JC = 16 / ND;  // query heads whose accumulators fit in registers at once
   const int G = H / Hkv;
@@ -115,41 +121,61 @@ void decode(const float* qf, const scalar_t* kc, const scalar_t* vc, const int32
         __builtin_prefetch(nv + b, 0, 2);
       }
     }
-    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
-    for (int g = 0; g < Hkv; ++g) {
-      const scalar_t* kg = kb + g * D;
-      for (int j = 0; j < G; ++j) {
-        const int r = g * G + j;
-        __m512 q[ND];
-        for (int d = 0; d < ND; ++d) q[d] = _mm512_loadu_ps(qf + r * D + 16 * d);
-        __m512 a[16];
-        for (int t = 0; t < 16; ++t) {
-          if (t < n) {
-            const scalar_t* kr = kg + t * tok;
-            __m512 s = _mm512_mul_ps(q[0], load16(kr));
-            for (int d = 1; d < ND; ++d) s = _mm512_fmadd_ps(q[d], load16(kr + 16 * d), s);
-            a[t] = s;
-          } else {
-            a[t] = _mm512_setzero_ps();
+    for (int i = 0; i < nq; ++i) {
+      const int vis = std::max(0, std::min(n, first_pos + i - kv + 1));  // keys this token sees
+      if (vis == 0) continue;  // a group wholly after the token: nothing from it
+      const __mmask16 valid = static_cast<__mmask16>((1u << vis) - 1u);
+      for (int g = 0; g < Hkv; ++g) {
+        const scalar_t* kg = kb + g * D;
+        for (int j = 0; j < G; ++j) {
+          const int r = i * H + g * G + j;
+          __m512 a[16];
+          __m512 s;
+#if defined(__AVX512BF16__)
+          if constexpr (std::is_same<scalar_t, c10::BFloat16>::value) {
+            __m512bh qb[ND / 2];  // 32 bf16 a vector
+            for (int d = 0; d < ND / 2; ++d) qb[d] = (__m512bh)_mm512_loadu_si512(q + r * D + 32 * d);
+            for (int t = 0; t < 16; ++t) {
+              a[t] = _mm512_setzero_ps();
+              if (t < vis)
+                for (int d = 0; d < ND / 2; ++d)
+                  a[t] = _mm512_dpbf16_ps(a[t], qb[d], (__m512bh)_mm512_loadu_si512(kg + t * tok + 32 * d));
+            }
+            s = _mm512_mul_ps(hsum16(a), _mm512_set1_ps(scale));
+          } else
+#endif
+          {
+            __m512 qv[ND];
+            for (int d = 0; d < ND; ++d) qv[d] = _mm512_loadu_ps(qf + r * D + 16 * d);
+            for (int t = 0; t < 16; ++t) {
+              if (t < vis) {
+                const scalar_t* kr = kg + t * tok;
+                __m512 x = _mm512_mul_ps(qv[0], load16(kr));
+                for (int d = 1; d < ND; ++d) x = _mm512_fmadd_ps(qv[d], load16(kr + 16 * d), x);
+                a[t] = x;
+              } else {
+                a[t] = _mm512_setzero_ps();
+              }
+            }
+            s = hsum16(a);
           }
+          s = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), s);
+          const float mx = std::max(m[r], _mm512_reduce_max_ps(s));
+          c[j] = pagedserve::fast_exp(m[r] - mx);  // 0 on the first group: m is -inf, clamped
+          const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(mx))));
+          l[r] = l[r] * c[j] + _mm512_reduce_add_ps(e);
+          m[r] = mx;
+          _mm512_store_ps(p[j], e);
         }
-        const __m512 s = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-std::numeric_limits<float>::infinity()),
-                                              hsum16(a));
-        const float mx = std::max(m[r], _mm512_reduce_max_ps(s));
-        c[j] = pagedserve::fast_exp(m[r] - mx);  // 0 on the first group: m is -inf, clamped
-        const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(mx))));
-        l[r] = l[r] * c[j] + _mm512_reduce_add_ps(e);
-        m[r] = mx;
-        _mm512_store_ps(p[j], e);
-      }
-      const scalar_t* vg = vb + g * D;
-      for (int j = 0; j < G; j += JC) {
-        float* o = acc + static_cast<int64_t>(g * G + j) * D;
-        switch (std::min(JC, G - j)) {
-          case 1: pv<1, ND>(p + j, c + j, vg, tok, n, o); break;
-          case 2: pv<2, ND>(p + j, c + j, vg, tok, n, o); break;
-          case 3: if constexpr (JC >= 3) pv<3, ND>(p + j, c + j, vg, tok, n, o); break;
-          default: if constexpr (JC >= 4) pv<4, ND>(p + j, c + j, vg, tok, n, o);
+        const scalar_t* vg = vb + g * D;
+        for (int j = 0; j < G; j += JC) {
+          float* o = acc + static_cast<int64_t>(i * H + g * G + j) * D;
+          switch (std::min(JC, G - j)) {
+            case 1: pv<1, ND>(p + j, c + j, vg, tok, vis, o); break;
+            case 2: pv<2, ND>(p + j, c + j, vg, tok, vis, o); break;
+            case 3: if constexpr (JC >= 3) pv<3, ND>(p + j, c + j, vg, tok, vis, o); break;
+            default: if constexpr (JC >= 4) pv<4, ND>(p + j, c + j, vg, tok, vis, o);
+          }
         }
       }
     }
