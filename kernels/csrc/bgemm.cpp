@@ -55,14 +55,14 @@ at::Tensor bgemm_pack(const at::Tensor& w) {
 constexpr int R = 8, NV = 3;  // 24 accumulators, 3 weight vectors, 1 broadcast
 
 // RR rows of x (ldx apart) against one panel; y gets the first `cols` channels of each
-// row. acc0 holds the bias (or zeros) for the panel's NR channels. Kept out of line, as
+// row. acc0: the bias for the panel's NR channels, or null. Kept out of line, as
 // qgemm.cpp's tile: inlined, GCC may spill the accumulators on every k.
 template <int RR>
 __attribute__((noinline)) void tile(const uint16_t* x, int64_t ldx, int64_t K2, const uint16_t* w, const float* acc0,
                                     uint16_t* y, int64_t ldy, int64_t cols) {
   __m512 acc[RR][NV];
   for (int r = 0; r < RR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_loadu_ps(acc0 + 16 * v);
+    for (int v = 0; v < NV; ++v) acc[r][v] = acc0 ? _mm512_loadu_ps(acc0 + 16 * v) : _mm512_setzero_ps();
   for (int64_t k = 0; k < K2; ++k) {
     __m512bh wv[NV];
     for (int v = 0; v < NV; ++v) wv[v] = (__m512bh)_mm512_loadu_si512(w + (k * NR + 16 * v) * 2);
@@ -104,12 +104,14 @@ at::Tensor bgemm(const at::Tensor& x, const at::Tensor& panels, int64_t N, const
   TORCH_CHECK(K == 2 * K2 && N > (G - 1) * NR && N <= G * NR, "bgemm: x and the panels disagree on the shape");
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) return y;
-  std::vector<float> acc0(G * NR, 0.f);  // the bias per channel, in fp32, padded to whole panels
+  std::vector<float> acc0;  // the bias per channel, in fp32, padded to whole panels; empty without one
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == N, "bgemm: bias has N values");
     const at::Tensor b = bias->to(at::kFloat).contiguous();
+    acc0.assign(G * NR, 0.f);
     std::copy_n(b.data_ptr<float>(), N, acc0.begin());
   }
+  const float* b0 = acc0.empty() ? nullptr : acc0.data();
 #if defined(__AVX512BF16__)
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(panels.data_ptr());
@@ -122,8 +124,9 @@ at::Tensor bgemm(const at::Tensor& x, const at::Tensor& panels, int64_t N, const
         const uint16_t* w = wp + g * K2 * NR * 2;
         const int64_t cols = std::min(NR, N - g * NR);
         int64_t r = m0;
-        for (; r + R <= m1; r += R) tile<R>(xp + r * ldx, ldx, K2, w, acc0.data() + g * NR, yp + r * N + g * NR, N, cols);
-        tail<R - 1>(m1 - r, xp + r * ldx, ldx, K2, w, acc0.data() + g * NR, yp + r * N + g * NR, N, cols);
+        const float* bg = b0 ? b0 + g * NR : nullptr;
+        for (; r + R <= m1; r += R) tile<R>(xp + r * ldx, ldx, K2, w, bg, yp + r * N + g * NR, N, cols);
+        tail<R - 1>(m1 - r, xp + r * ldx, ldx, K2, w, bg, yp + r * N + g * NR, N, cols);
       }
     }
   });

@@ -171,7 +171,6 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
   const int nq = it.q1 - it.q0;
   const int R = nq * H;
   std::vector<float> qf(static_cast<size_t>(R) * D);  // query rows in fp32, pre-scaled
-  std::vector<float> s(static_cast<size_t>(R) * BS);  // this block's scores, then probabilities
   const scalar_t* q0 = q + static_cast<int64_t>(q_start + it.q0) * H * D;
   for (int64_t x = 0; x < static_cast<int64_t>(R) * D; ++x) qf[x] = pagedserve::load_f(q0, x) * scale;
   for (int r = 0; r < R; ++r) {
@@ -189,6 +188,7 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
   }
 #endif
 
+  std::vector<float> s(static_cast<size_t>(R) * BS);  // this block's scores, then probabilities
   alignas(64) float buf[kMaxDim];
 #ifdef PAGEDSERVE_AVX2
   const bool simd = D % 16 == 0;
