@@ -44,9 +44,11 @@ def test_decode_and_prefill_in_one_call(dtype, heads, kv_heads, head_dim):
     run_case(seq_lens, q_lens, heads, kv_heads, head_dim, 16, dtype)
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16])
 @pytest.mark.parametrize("block_size", [8, 16, 32])
-def test_block_sizes(block_size):
-    run_case([5, 70, 129], [5, 1, 64], 4, 2, 64, block_size, F32, seed=block_size)
+def test_block_sizes(block_size, dtype):
+    # bf16 prefill takes sixteen keys a group: across two blocks of 8, half a block of 32
+    run_case([5, 70, 129, 200], [5, 1, 64, 83], 4, 2, 64, block_size, dtype, seed=block_size)
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16])

@@ -24,32 +24,8 @@ namespace pagedserve::attn512 {
 
 constexpr int kMaxG = 16;  // query heads per KV head this path takes
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {  // a bf16 is the top half of its fp32
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline __m512 load16(const at::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-// pagedserve::fast_exp on sixteen lanes: the same range reduction and polynomial.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
-  const __m512 round = _mm512_set1_ps(12582912.f);
-  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round), round);
-  __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), f);
-  __m512 p = _mm512_set1_ps(1.f / 720.f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
+using pagedserve::exp16;
+using pagedserve::load16;
 
 // Sixteen vectors to one vector of their sixteen horizontal sums, lane t = sum of a[t]:
 // pairs within 128-bit lanes, then pairs of pairs, then across the four 128-bit lanes.

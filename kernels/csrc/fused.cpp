@@ -21,25 +21,48 @@ using pagedserve::load_f;
 using pagedserve::round_f;
 using pagedserve::store_f;
 
-// residual = x + residual (in the model dtype), out = weight * rmsnorm(residual).
+// residual = x + residual (in the model dtype), out = weight * rmsnorm(residual). The
+// AVX-512 loops do the scalar ones' arithmetic sixteen lanes at a time (the compiler left
+// the bf16 loops scalar: 0.5-0.8 ms for 2,048 x 576, now ~0.2); the scalar loops finish
+// each row's tail.
+template <typename T>
+void add_rms_norm_row(const T* x, T* h, const T* w, T* o, int64_t n, float eps, bool add) {
+  int64_t i0 = 0;
+  float ss = 0.f;
+#if defined(__AVX512F__)
+  __m512 ssv = _mm512_setzero_ps();
+  if constexpr (pagedserve::kLanes16<T>) for (; i0 + 16 <= n; i0 += 16) {
+    __m512 v = pagedserve::load16(h + i0);
+    if (add) {
+      v = pagedserve::round16<T>(_mm512_add_ps(v, pagedserve::load16(x + i0)));
+      pagedserve::store16(h + i0, v);
+    }
+    ssv = _mm512_fmadd_ps(v, v, ssv);
+  }
+  ss = _mm512_reduce_add_ps(ssv);
+#endif
+  if (add) {
+#pragma omp simd
+    for (int64_t i = i0; i < n; ++i) store_f(h, i, load_f(h, i) + load_f(x, i));
+  }
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = i0; i < n; ++i) ss += load_f(h, i) * load_f(h, i);
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 invv = _mm512_set1_ps(inv);
+  if constexpr (pagedserve::kLanes16<T>) for (; i + 16 <= n; i += 16)
+    pagedserve::store16(o + i, _mm512_mul_ps(pagedserve::load16(w + i),
+                                             pagedserve::round16<T>(_mm512_mul_ps(pagedserve::load16(h + i), invv))));
+#endif
+#pragma omp simd
+  for (int64_t j = i; j < n; ++j) store_f(o, j, load_f(w, j) * round_f<T>(load_f(h, j) * inv));
+}
+
 template <typename T>
 void add_rms_norm_impl(const T* x, T* res, const T* w, T* out, int64_t rows, int64_t n, float eps, bool add) {
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      T* h = res + r * n;
-      if (add) {
-        const T* xr = x + r * n;
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) store_f(h, i, load_f(h, i) + load_f(xr, i));
-      }
-      float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < n; ++i) ss += load_f(h, i) * load_f(h, i);
-      const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
-      T* o = out + r * n;
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) store_f(o, i, load_f(w, i) * round_f<T>(load_f(h, i) * inv));
-    }
+    for (int64_t r = begin; r < end; ++r) add_rms_norm_row(x + r * n, res + r * n, w, out + r * n, n, eps, add);
   });
 }
 
@@ -59,11 +82,23 @@ at::Tensor add_rms_norm(const c10::optional<at::Tensor>& x, at::Tensor residual,
   return out;
 }
 
-// One row of silu(gate) * up, out of the dispatch macro so the loop is a plain one.
+// One row of silu(gate) * up, out of the dispatch macro so the loop is a plain one; the
+// AVX-512 loop (exp16 is fast_exp's vector form) where the compiler had left bf16 scalar:
+// 2.9 ms for 2,048 x 1,536, the largest elementwise cost of a prefill step.
 template <typename T>
 void silu_mul_row(const T* g, const T* u, T* dst, int64_t n) {
+  int64_t i0 = 0;
+#if defined(__AVX512F__)
+  const __m512 one = _mm512_set1_ps(1.f);
+  if constexpr (pagedserve::kLanes16<T>) for (; i0 + 16 <= n; i0 += 16) {
+    const __m512 gf = pagedserve::load16(g + i0);
+    const __m512 e = pagedserve::exp16(_mm512_sub_ps(_mm512_setzero_ps(), gf));
+    const __m512 act = pagedserve::round16<T>(_mm512_div_ps(gf, _mm512_add_ps(one, e)));
+    pagedserve::store16(dst + i0, _mm512_mul_ps(act, pagedserve::load16(u + i0)));
+  }
+#endif
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = i0; i < n; ++i) {
     const float gf = load_f(g, i);
     const float act = round_f<T>(gf / (1.f + pagedserve::fast_exp(-gf)));
     store_f(dst, i, act * load_f(u, i));

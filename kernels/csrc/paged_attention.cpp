@@ -11,6 +11,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
+#include <numeric>
 #include <cstring>
 #include <cmath>
 #include <limits>
@@ -22,6 +24,7 @@
 #if defined(__AVX512F__)
 #include "attn512.h"
 #endif
+#include "prefill512.h"
 
 namespace {
 
@@ -29,6 +32,8 @@ using pagedserve::fast_exp;
 
 constexpr int kMaxDim = 256;
 constexpr int kQChunk = 16;     // query tokens per work item
+constexpr int kTiledQChunk = 64;
+constexpr int kTiledRows = 16;  // query rows of a KV head from which prefill512.h's repacking pays
 
 struct Item {
   int seq, q0, q1, kv0, kv1, part;
@@ -166,12 +171,21 @@ inline void pv_rows_any(int G, const float* p, int BS, const V* v, int64_t vs, i
 template <typename scalar_t, int BS>
 void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
             const int32_t* table, int seq_len, int q_start, int q_len, int H, int Hkv, int D,
-            float scale, float* acc, float* m, float* l) {
+            float scale, int64_t cache_pairs, float* acc, float* m, float* l) {
   const int G = H / Hkv;
   const int nq = it.q1 - it.q0;
   const int R = nq * H;
-  std::vector<float> qf(static_cast<size_t>(R) * D);  // query rows in fp32, pre-scaled
   const scalar_t* q0 = q + static_cast<int64_t>(q_start + it.q0) * H * D;
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same<scalar_t, c10::BFloat16>::value) {
+    if (nq * G >= kTiledRows && (D == 64 || D == 128) && cache_pairs < (int64_t{1} << 31)) {
+      (D == 64 ? pagedserve::prefill512::attend<4, BS> : pagedserve::prefill512::attend<8, BS>)(
+          q0, scale, kc, vc, table, it.kv0, it.kv1, nq, seq_len - q_len + it.q0, H, Hkv, acc, m, l);
+      return;
+    }
+  }
+#endif
+  std::vector<float> qf(static_cast<size_t>(R) * D);  // query rows in fp32, pre-scaled
   for (int64_t x = 0; x < static_cast<int64_t>(R) * D; ++x) qf[x] = pagedserve::load_f(q0, x) * scale;
   for (int r = 0; r < R; ++r) {
     m[r] = -std::numeric_limits<float>::infinity();
@@ -361,8 +375,13 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
   const int threads = at::get_num_threads();
   int64_t base_items = 0;
   int max_len = 0;
+  // Prefill on the tiled bf16 path takes longer chunks: each item repacks its keys once.
+  int chunk = kQChunk;
+#if defined(__AVX512BF16__)
+  if (std::is_same<scalar_t, c10::BFloat16>::value && (D == 64 || D == 128)) chunk = kTiledQChunk;
+#endif
   for (int i = 0; i < S; ++i) {
-    base_items += (qs[i + 1] - qs[i] + kQChunk - 1) / kQChunk;
+    base_items += (qs[i + 1] - qs[i] + chunk - 1) / chunk;
     max_len = std::max(max_len, ls[i]);
   }
   int split_len = std::numeric_limits<int>::max();
@@ -374,8 +393,8 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
   std::vector<Item> items;
   for (int i = 0; i < S; ++i) {
     const int nq = qs[i + 1] - qs[i];
-    for (int q0 = 0; q0 < nq; q0 += kQChunk) {
-      const int q1 = std::min(nq, q0 + kQChunk);
+    for (int q0 = 0; q0 < nq; q0 += chunk) {
+      const int q1 = std::min(nq, q0 + chunk);
       const int kv_end = ls[i] - nq + q1;  // the chunk's last query sees keys [0, kv_end)
       const int parts = 1 + (kv_end - 1) / split_len;  // kv_end >= 1: a query sees itself
       for (int p = 0; p < parts; ++p)
@@ -393,12 +412,22 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
   const scalar_t* kp = kc.data_ptr<scalar_t>();
   const scalar_t* vp = vc.data_ptr<scalar_t>();
   const int32_t* tp = tables.data_ptr<int32_t>();
-  at::parallel_for(0, n_items, 1, [&](int64_t begin, int64_t end) {
+  const int64_t cache_pairs = kc.numel() / 2;
+  // Costliest items first, each thread taking the next one as it finishes: a static
+  // split of a long prompt's chunks, whose cost grows with their position, left one
+  // thread with three quarters of the work.
+  std::vector<int64_t> order(n_items);
+  std::iota(order.begin(), order.end(), 0);
+  auto cost = [&](int64_t w) { return static_cast<int64_t>(items[w].q1 - items[w].q0 + 1) * (items[w].kv1 - items[w].kv0); };
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     auto fn = BS == 8 ? attend<scalar_t, 8> : BS == 16 ? attend<scalar_t, 16> : attend<scalar_t, 32>;
-    for (int64_t w = begin; w < end; ++w) {
+    for (int64_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < n_items;) {
+      const int64_t w = order[k];
       const Item& it = items[w];
       fn(it, qp, kp, vp, tp + it.seq * width, ls[it.seq], qs[it.seq], qs[it.seq + 1] - qs[it.seq], H, Hkv,
-         D, static_cast<float>(scale), acc.get() + row0[w] * D, m.get() + row0[w], l.get() + row0[w]);
+         D, static_cast<float>(scale), cache_pairs, acc.get() + row0[w] * D, m.get() + row0[w], l.get() + row0[w]);
     }
   });
 
