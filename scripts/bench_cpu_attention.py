@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """The native CPU paged-attention kernel against the torch reference path, same shapes,
-same run: one decode step of many sequences, and whole-prompt prefills.
+same run: one decode step of many sequences, and whole-prompt prefills (8 x 256 is one
+2,048-token step of the served benchmark's prompts; 1 x 2,048 one long prompt).
 
 The reference (kernels/reference.py) gathers each sequence's blocks into a dense tensor
 and calls torch's SDPA; it is what the engine runs without a compiler. Shapes follow
@@ -22,7 +23,7 @@ from timing import best  # scripts/ is on sys.path when run as a script
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 CASES = [("decode", 64, 300, 1), ("decode", 64, 600, 1), ("decode", 8, 300, 1), ("decode", 1, 300, 1),
-         ("prefill", 1, 500, 500), ("prefill", 4, 512, 512)]
+         ("prefill", 1, 500, 500), ("prefill", 4, 512, 512), ("prefill", 8, 256, 256), ("prefill", 1, 2048, 2048)]
 
 
 def make(seqs: int, ctx: int, q_len: int, dtype: torch.dtype, gen: torch.Generator):
