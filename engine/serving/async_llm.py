@@ -85,6 +85,12 @@ class StreamOutput:
                    last.num_cached_tokens, prompt_lps, last.metrics, last.finish_reasons)
 
 
+def _deliver(items: list[tuple[_Stream, RequestDelta]]) -> None:
+    """On the consumers' loop: one step's deltas into their requests' queues."""
+    for stream, out in items:
+        stream.queue.put_nowait(out)
+
+
 class _Stream:
     """The hand-off from the core's thread to one request's event loop."""
 
@@ -293,11 +299,22 @@ class AsyncLLM:
                 self.metrics.record_step(step)
             except Exception:  # noqa: BLE001 - metrics must never take serving down
                 logger.exception("recording metrics failed")
+        # One wake-up of each event loop a step, carrying all its requests' deltas: one
+        # call_soon_threadsafe per delta wrote to the loop's self-pipe 64 times a step at
+        # c=64, 39% of the HTTP worker's busy time.
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestDelta]]] = {}
         for out in step.outputs:
             stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
-            if stream is not None and not stream.put(out) and not out.finished:
-                self._streams.pop(out.request_id, None)
-                self._core.abort(out.request_id)  # nobody is listening any more
+            if stream is not None:
+                batches.setdefault(stream.loop, []).append((stream, out))
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                for _, out in items:
+                    if not out.finished:
+                        self._streams.pop(out.request_id, None)
+                        self._core.abort(out.request_id)
 
     def _on_dead(self, exc: BaseException) -> None:
         with self._lock:
