@@ -16,12 +16,14 @@ builds a second engine with that speculative_config and alternates runs with the
 one, after one untimed run of each (an engine's first pass meets its GEMM shapes for the
 first time: a plain first run once gave 194 tok/s, its second 239); `--workload grounded`
 replaces the random prompts by scripts/workloads.py's input-grounded chat requests (cycled
-to --num-requests, greedy, ignoring eos).
+to --num-requests, greedy, ignoring eos); `--fixed 256,1` makes every prompt 256 tokens
+with one output token: the prefill steps of the served benchmark's prompts alone.
 
     python scripts/bench_throughput.py --dtype float32 --peer vllm --runs 3
     python scripts/bench_throughput.py --dtype bfloat16 --peer hf --profile
     python scripts/bench_throughput.py --tp 2 --num-requests 16
     python scripts/bench_throughput.py --runs 3 --workload grounded --speculative '{"method": "ngram"}'
+    python scripts/bench_throughput.py --dtype bfloat16 --peer vllm --runs 3 --fixed 256,1
 """
 
 from __future__ import annotations
@@ -46,12 +48,14 @@ from servers import VLLM_PYTHON, all_cores, vllm_env
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def workload(n: int, seed: int, vocab: int) -> list[tuple[list[int], int]]:
+def workload(n: int, seed: int, vocab: int, fixed: tuple[int, int] | None = None) -> list[tuple[list[int], int]]:
+    """Random prompts of 30-500 tokens with 16-256 outputs, or all of fixed = (in, out)."""
     rng = random.Random(seed)
     reqs = []
     for _ in range(n):
-        prompt = [rng.randrange(100, vocab) for _ in range(rng.randint(30, 500))]
-        reqs.append((prompt, rng.randint(16, 256)))
+        size = fixed[0] if fixed else rng.randint(30, 500)
+        prompt = [rng.randrange(100, vocab) for _ in range(size)]
+        reqs.append((prompt, fixed[1] if fixed else rng.randint(16, 256)))
     return reqs
 
 
@@ -180,6 +184,8 @@ def main() -> None:
     ap.add_argument("--peer-defaults", action="store_true",
                     help="vLLM as it comes (one core kept for its API process); default: every core, as ours")
     ap.add_argument("--workload", default="random", choices=["random", "grounded"])
+    ap.add_argument("--fixed", default=None, metavar="IN,OUT",
+                    help="random workload with every prompt IN tokens and every output OUT (256,1: prefill only)")
     ap.add_argument("--speculative", default=None, help="a speculative_config (JSON) to run beside the plain engine")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
@@ -191,7 +197,8 @@ def main() -> None:
     if args.workload == "grounded":
         reqs = grounded(args.num_requests, args.seed, args.model)
     else:
-        reqs = workload(args.num_requests, args.seed, config.vocab_size)
+        fixed = tuple(int(x) for x in args.fixed.split(",")) if args.fixed else None
+        reqs = workload(args.num_requests, args.seed, config.vocab_size, fixed)
     total_out = sum(out for _, out in reqs)
     print(f"workload: {len(reqs)} requests, {sum(len(p) for p, _ in reqs)} prompt tokens, "
           f"{total_out} output tokens; dtype {args.dtype}; torch threads {torch.get_num_threads()}")

@@ -134,3 +134,30 @@ def test_loading_runs_the_environments_own_ninja_and_rebuilds_nothing(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "unavailable" not in res.stderr
     assert os.stat(so).st_mtime_ns == before
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+@pytest.mark.parametrize("n", [37, 576])  # 37: a vector loop's tail on every row
+def test_silu_mul_and_add_rms_norm_match_torch(dtype, n):
+    """The fused elementwise kernels against torch's own ops in the model's dtype order:
+    silu rounded to the dtype before the product, the residual add in the dtype, the norm's
+    statistics in fp32 and the weight applied after rounding back. silu_mul bit for bit in
+    bf16 and fp16 (one rounding hides fast_exp's 2e-7); the norm within one unit of the
+    last place (its fp32 sum of squares runs in another order than torch's mean)."""
+    gen = torch.Generator().manual_seed(n)
+    exact = dtype != F32
+    gate_up = (torch.randn(33, 2 * n, generator=gen) * 4).to(dtype)
+    g, u = gate_up[:, :n].float(), gate_up[:, n:].float()
+    want = (torch.nn.functional.silu(g).to(dtype).float() * u).to(dtype)
+    got = cpu.silu_mul(gate_up)
+    torch.testing.assert_close(got, want, atol=0 if exact else 1e-5, rtol=0 if exact else 1e-5)
+
+    x, residual = torch.randn(33, n, generator=gen).to(dtype), torch.randn(33, n, generator=gen).to(dtype)
+    weight = torch.randn(n, generator=gen).to(dtype)
+    h = x + residual
+    hf = h.float()
+    want = (weight.float() * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype).float()).to(dtype)
+    got = cpu.add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(residual, h)  # updated in place
+    ulp = {BF16: 2**-7, F16: 2**-10, F32: 1e-5}[dtype]
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=ulp)

@@ -22,9 +22,8 @@ using pagedserve::round_f;
 using pagedserve::store_f;
 
 // residual = x + residual (in the model dtype), out = weight * rmsnorm(residual). The
-// AVX-512 loops do the scalar ones' arithmetic sixteen lanes at a time (the compiler left
-// the bf16 loops scalar: 0.5-0.8 ms for 2,048 x 576, now ~0.2); the scalar loops finish
-// each row's tail.
+// AVX-512 loops do the scalar ones' arithmetic sixteen lanes at a time (the compiler had
+// left the bf16 loops scalar); the scalar loops finish each row's tail.
 template <typename T>
 void add_rms_norm_row(const T* x, T* h, const T* w, T* o, int64_t n, float eps, bool add) {
   int64_t i0 = 0;

@@ -30,7 +30,7 @@ using pagedserve::fast_exp;
 
 constexpr int kMaxDim = 256;
 constexpr int kQChunk = 16;     // query tokens per work item
-constexpr int kTiledQChunk = 64;
+constexpr int kTiledQChunk = 64;  // query tokens per prefill work item on prefill512.h's path
 constexpr int kTiledRows = 16;  // query rows of a KV head from which prefill512.h's repacking pays
 
 struct Item {
@@ -414,8 +414,8 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
   // Each thread takes a contiguous run of items of equal total cost, not of equal count:
   // a long prompt's chunks cost more the later they sit, and an even split by count left
   // one thread three quarters of the work. (Claiming items one by one from a shared
-  // counter balanced as well but made decode 15% slower: interleaved, each thread's
-  // sequences are no longer neighbours.)
+  // counter balanced as well but made decode 15% slower: interleaved, neighbouring items'
+  // running max and sum rows share cache lines across the threads.)
   std::vector<double> upto(n_items + 1, 0.0);
   for (int64_t w = 0; w < n_items; ++w)
     upto[w + 1] = upto[w] + static_cast<double>(items[w].q1 - items[w].q0 + 1) * (items[w].kv1 - items[w].kv0);
