@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp", CSRC / "quant.cpp", CSRC / "qgemm.cpp",
            CSRC / "bgemm.cpp"]
-HEADERS = [CSRC / "vec.h", CSRC / "qblocks.h", CSRC / "attn512.h"]
+HEADERS = sorted(CSRC.glob("*.h"))  # every header: a list by hand missed prefill512.h
 _state: dict[str, object] = {}
 _ops: dict[str, object] = {}  # name -> op, once loaded (a decode step makes ~300 calls)
 _path_lock = threading.Lock()

@@ -59,6 +59,17 @@ def workload(n: int, seed: int, vocab: int, fixed: tuple[int, int] | None = None
     return reqs
 
 
+def fixed_sizes(text: str) -> tuple[int, int]:
+    """--fixed IN,OUT: two positive token counts."""
+    try:
+        size, out = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want IN,OUT (two token counts), got {text!r}") from None
+    if size < 1 or out < 1:
+        raise argparse.ArgumentTypeError(f"IN and OUT must be at least 1, got {text!r}")
+    return size, out
+
+
 def grounded(n: int, seed: int, model_dir: str | None) -> list[tuple[list[int], int]]:
     """scripts/workloads.py's input-grounded requests, cycled to n, outputs of 64-256 tokens."""
     from engine.models import loader as _loader
@@ -184,11 +195,13 @@ def main() -> None:
     ap.add_argument("--peer-defaults", action="store_true",
                     help="vLLM as it comes (one core kept for its API process); default: every core, as ours")
     ap.add_argument("--workload", default="random", choices=["random", "grounded"])
-    ap.add_argument("--fixed", default=None, metavar="IN,OUT",
+    ap.add_argument("--fixed", default=None, metavar="IN,OUT", type=fixed_sizes,
                     help="random workload with every prompt IN tokens and every output OUT (256,1: prefill only)")
     ap.add_argument("--speculative", default=None, help="a speculative_config (JSON) to run beside the plain engine")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    if args.fixed and args.workload != "random":
+        ap.error("--fixed sizes the random workload's requests; --workload grounded has its own")
     if args.peer is None:
         args.peer = "self" if args.tp * args.pp > 1 else "none"
 
@@ -197,8 +210,7 @@ def main() -> None:
     if args.workload == "grounded":
         reqs = grounded(args.num_requests, args.seed, args.model)
     else:
-        fixed = tuple(int(x) for x in args.fixed.split(",")) if args.fixed else None
-        reqs = workload(args.num_requests, args.seed, config.vocab_size, fixed)
+        reqs = workload(args.num_requests, args.seed, config.vocab_size, args.fixed)
     total_out = sum(out for _, out in reqs)
     print(f"workload: {len(reqs)} requests, {sum(len(p) for p, _ in reqs)} prompt tokens, "
           f"{total_out} output tokens; dtype {args.dtype}; torch threads {torch.get_num_threads()}")

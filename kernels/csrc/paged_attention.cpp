@@ -169,14 +169,14 @@ inline void pv_rows_any(int G, const float* p, int BS, const V* v, int64_t vs, i
 template <typename scalar_t, int BS>
 void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
             const int32_t* table, int seq_len, int q_start, int q_len, int H, int Hkv, int D,
-            float scale, int64_t cache_pairs, float* acc, float* m, float* l) {
+            float scale, bool tiled, float* acc, float* m, float* l) {
   const int G = H / Hkv;
   const int nq = it.q1 - it.q0;
   const int R = nq * H;
   const scalar_t* q0 = q + static_cast<int64_t>(q_start + it.q0) * H * D;
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same<scalar_t, c10::BFloat16>::value) {
-    if (nq * G >= kTiledRows && (D == 64 || D == 128) && cache_pairs < (int64_t{1} << 31)) {
+    if (tiled && nq * G >= kTiledRows) {
       (D == 64 ? pagedserve::prefill512::attend<4, BS> : pagedserve::prefill512::attend<8, BS>)(
           q0, scale, kc, vc, table, it.kv0, it.kv1, nq, seq_len - q_len + it.q0, H, Hkv, acc, m, l);
       return;
@@ -373,11 +373,14 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
   const int threads = at::get_num_threads();
   int64_t base_items = 0;
   int max_len = 0;
-  // Prefill on the tiled bf16 path takes longer chunks: each item repacks its keys once.
-  int chunk = kQChunk;
+  // Whether prefill takes prefill512.h: bf16 caches with AVX512_BF16, head dims 64 and 128,
+  // under 2^31 bf16 pairs (its gather's int32 offsets). Its items take longer chunks: each
+  // repacks its keys once.
+  bool tiled = false;
 #if defined(__AVX512BF16__)
-  if (std::is_same<scalar_t, c10::BFloat16>::value && (D == 64 || D == 128)) chunk = kTiledQChunk;
+  tiled = std::is_same<scalar_t, c10::BFloat16>::value && (D == 64 || D == 128) && kc.numel() / 2 < (int64_t{1} << 31);
 #endif
+  const int chunk = tiled ? kTiledQChunk : kQChunk;
   for (int i = 0; i < S; ++i) {
     base_items += (qs[i + 1] - qs[i] + chunk - 1) / chunk;
     max_len = std::max(max_len, ls[i]);
@@ -410,7 +413,6 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
   const scalar_t* kp = kc.data_ptr<scalar_t>();
   const scalar_t* vp = vc.data_ptr<scalar_t>();
   const int32_t* tp = tables.data_ptr<int32_t>();
-  const int64_t cache_pairs = kc.numel() / 2;
   // Each thread takes a contiguous run of items of equal total cost, not of equal count:
   // a long prompt's chunks cost more the later they sit, and an even split by count left
   // one thread three quarters of the work. (Claiming items one by one from a shared
@@ -429,7 +431,7 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
     for (int64_t w = cut(t0); w < cut(t1); ++w) {
       const Item& it = items[w];
       fn(it, qp, kp, vp, tp + it.seq * width, ls[it.seq], qs[it.seq], qs[it.seq + 1] - qs[it.seq], H, Hkv,
-         D, static_cast<float>(scale), cache_pairs, acc.get() + row0[w] * D, m.get() + row0[w], l.get() + row0[w]);
+         D, static_cast<float>(scale), tiled, acc.get() + row0[w] * D, m.get() + row0[w], l.get() + row0[w]);
     }
   });
 

@@ -152,8 +152,8 @@ inline void rows(const uint32_t* const* qr, const int* pos, float scale, const u
 }
 
 // One work item as attn512::attend takes it (query tokens i < nq at positions first_pos
-// + i, rows i * H + h, keys [kv0, kv1)), for bf16 caches of under 2^31 bf16 pairs (the
-// gather's int32 offsets); acc, m and l are written whole.
+// + i, rows i * H + h, keys [kv0, kv1)), for bf16 caches of under 2^31 bf16 pairs (pack's
+// gather takes int32 offsets); acc, m and l are written whole.
 template <int ND, int BS>
 void attend(const c10::BFloat16* q, float scale, const c10::BFloat16* kc, const c10::BFloat16* vc,
             const int32_t* table, int kv0, int kv1, int nq, int first_pos, int H, int Hkv, float* acc, float* m,
