@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp", CSRC / "quant.cpp", CSRC / "qgemm.cpp",
-           CSRC / "bgemm.cpp"]
+           CSRC / "gemm.cpp"]
 HEADERS = sorted(CSRC.glob("*.h"))  # every header: a list by hand missed prefill512.h
 _state: dict[str, object] = {}
 _ops: dict[str, object] = {}  # name -> op, once loaded (a decode step makes ~300 calls)
@@ -120,7 +120,7 @@ def _register_fakes() -> None:
     def _(gate_up):
         return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
 
-    @torch.library.register_fake(lib + "bgemm")
+    @torch.library.register_fake(lib + "gemm")
     def _(x, panels, n, bias):
         return x.new_empty(x.shape[0], n)
 
@@ -205,19 +205,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return op("silu_mul")(gate_up)
 
 
-def bgemm_available() -> bool:
-    """Whether this build has the bf16 GEMM (kernels/csrc/bgemm.cpp: CPUs with AVX512_BF16)."""
-    return load() and bool(op("bgemm_available")())
+def gemm_available(dtype: torch.dtype) -> bool:
+    """Whether this build has the panel GEMM for dtype (kernels/csrc/gemm.cpp: fp32 on
+    AVX-512 CPUs, bf16 on those with AVX512_BF16)."""
+    return load() and bool(op("gemm_available")(dtype))
 
 
-def bgemm_pack(weight: torch.Tensor) -> torch.Tensor:
-    """A bf16 [N, K] weight (K even) as bgemm's panels."""
-    return op("bgemm_pack")(weight)
+def gemm_pack(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 (K even) or fp32 [N, K] weight as gemm's panels."""
+    return op("gemm_pack")(weight)
 
 
-def bgemm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [M, K] . W^T (+ bias) in bf16 with fp32 accumulation, W as bgemm_pack made it."""
-    return op("bgemm")(x, panels, n, bias)
+def gemm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] . W^T (+ bias) in x's dtype with fp32 accumulation, W as gemm_pack made it."""
+    return op("gemm")(x, panels, n, bias)
 
 
 if __name__ == "__main__":

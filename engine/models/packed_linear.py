@@ -2,10 +2,11 @@
 
 `F.linear` in fp32 goes to MKL's sgemm, which on AMD CPUs takes slow code paths; the
 same product through oneDNN with a weight reordered once at load (what Inductor's
-freezing pass emits) runs 2-3x faster here. In bf16 on CPUs with AVX512_BF16 the
-native GEMM (kernels/csrc/bgemm.cpp) replaces oneDNN: 1.1-3.3x faster at the 1-64 rows
-of decode steps, level from 256 rows up (`scripts/bench_bgemm.py`). The packed weight
-is opaque, so the original stays for loading and for the weight-tied embedding.
+freezing pass emits) runs 2-3x faster here. On CPUs with AVX-512 the native panel GEMM
+(kernels/csrc/gemm.cpp) replaces oneDNN, in fp32 and (with AVX512_BF16) in bf16: at the
+1-64 rows of decode steps 1.1-1.7x oneDNN's rate in fp32 and 1.1-3.3x in bf16, level
+from 256 rows up (`scripts/bench_gemm.py`). The packed weight is opaque, so the
+original stays for loading and for the weight-tied embedding.
 """
 
 from __future__ import annotations
@@ -46,13 +47,13 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> 
     return out[:m] if pad else out
 
 
-def bf16_linear(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """One native bf16 GEMM (module-level so profilers can wrap it). It keeps no state per
-    row count, so rows are never padded."""
+def panel_linear(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """One native GEMM (module-level so profilers can wrap it). It keeps no state per row
+    count, so rows are never padded."""
     if x.dim() == 2 and x.stride(1) == 1:
-        return cpu.bgemm(x, panels, n, bias)
+        return cpu.gemm(x, panels, n, bias)
     flat = x.reshape(-1, x.shape[-1]).contiguous()
-    return cpu.bgemm(flat, panels, n, bias).view(*x.shape[:-1], n)
+    return cpu.gemm(flat, panels, n, bias).view(*x.shape[:-1], n)
 
 
 class PackedLinear(nn.Module):
@@ -60,17 +61,17 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         w = weight.detach().contiguous()
-        self.panels = None  # the native bf16 GEMM's packing, where it runs
+        self.panels = None  # the native GEMM's packing, where it runs
         self.packed = None  # oneDNN's, everywhere else
-        if w.dtype == torch.bfloat16 and self.in_features % 2 == 0 and cpu.bgemm_available():
-            self.panels = cpu.bgemm_pack(w)
+        if self.in_features % 2 == 0 and cpu.gemm_available(w.dtype):
+            self.panels = cpu.gemm_pack(w)
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w)
         self.bias = None if bias is None else bias.detach().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.panels is not None:
-            return bf16_linear(x, self.panels, self.out_features, self.bias)
+            return panel_linear(x, self.panels, self.out_features, self.bias)
         return linear(x, self.packed, self.bias)
 
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env python
-"""The native bf16 GEMM (kernels/csrc/bgemm.cpp) against the prepacked oneDNN GEMM the
-engine otherwise runs (engine/models/packed_linear.py), bf16, on SmolLM2-135M's layer
-shapes, in one process, side by side.
+"""The native panel GEMM (kernels/csrc/gemm.cpp) against the prepacked oneDNN GEMM the
+engine otherwise runs (engine/models/packed_linear.py), on SmolLM2-135M's layer shapes,
+in one process, side by side.
 
 Weights are cold as in a real step: each case cycles through 30 layers' worth of distinct
 weights (a decode step reads every layer's weights once), and the time is per layer,
 best of --repeats passes. Also checks that the two agree.
 
-    python scripts/bench_bgemm.py [--rows 1,8,16,32,64,128,256,2048]
+    python scripts/bench_gemm.py [--dtype bfloat16|float32] [--rows 1,8,16,32,64,128,256,2048]
 """
 
 from __future__ import annotations
@@ -38,24 +38,26 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8,16,32,64,128,256,2048")
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     args = ap.parse_args()
-    if not cpu.bgemm_available():
-        raise SystemExit("this CPU or build has no AVX512_BF16: bgemm is not built")
+    dtype = getattr(torch, args.dtype)
+    if not cpu.gemm_available(dtype):
+        raise SystemExit(f"this CPU or build has no native {args.dtype} GEMM (AVX-512, and AVX512_BF16 for bf16)")
     gen = torch.Generator().manual_seed(0)
-    print(f"torch threads {torch.get_num_threads()}; GFLOP/s per layer GEMM, weights cold")
-    print(f"{'shape':8s} {'M':>5s} {'oneDNN':>8s} {'bgemm':>8s} {'ratio':>6s} {'max |diff|':>10s}")
+    print(f"torch threads {torch.get_num_threads()}; {args.dtype}; GFLOP/s per layer GEMM, weights cold")
+    print(f"{'shape':8s} {'M':>5s} {'oneDNN':>8s} {'gemm':>8s} {'ratio':>6s} {'max |diff|':>10s}")
     for name, n, k in SHAPES:
         layers = 2 if name == "head" else args.layers
-        ws = [torch.randn(n, k, generator=gen).mul_(k ** -0.5).bfloat16() for _ in range(layers)]
+        ws = [torch.randn(n, k, generator=gen).mul_(k ** -0.5).to(dtype) for _ in range(layers)]
         packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws]
-        panels = [cpu.bgemm_pack(w) for w in ws]
+        panels = [cpu.gemm_pack(w) for w in ws]
         for m in (int(r) for r in args.rows.split(",")):
-            x = torch.randn(m, k, generator=gen).bfloat16()
+            x = torch.randn(m, k, generator=gen).to(dtype)
             ref = packed_linear.linear(x, packed[0], None)
-            got = cpu.bgemm(x, panels[0], n, None)
+            got = cpu.gemm(x, panels[0], n, None)
             diff = (ref.float() - got.float()).abs().max().item()
             t_dnn = per_layer(lambda i: packed_linear.linear(x, packed[i], None), layers, args.repeats)
-            t_our = per_layer(lambda i: cpu.bgemm(x, panels[i], n, None), layers, args.repeats)
+            t_our = per_layer(lambda i: cpu.gemm(x, panels[i], n, None), layers, args.repeats)
             flop = 2 * m * n * k
             print(f"{name:8s} {m:5d} {flop / t_dnn / 1e9:8.1f} {flop / t_our / 1e9:8.1f} {t_dnn / t_our:5.2f}x "
                   f"{diff:10.4f}")

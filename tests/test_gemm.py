@@ -1,0 +1,87 @@
+"""The native panel GEMM (kernels/csrc/gemm.cpp) in fp32 and bf16 against torch's product
+of the same values, and PackedLinear's choice of it. Where the CPU lacks the instructions
+(AVX-512; AVX512_BF16 for bf16) the op says so and PackedLinear keeps oneDNN."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.models.packed_linear import PackedLinear
+from kernels import cpu
+
+pytestmark = pytest.mark.unit
+
+BF16 = torch.bfloat16
+DTYPES = [torch.float32, BF16]
+
+
+def test_the_panels_hold_each_step_of_k_side_by_side_per_channel():
+    w = torch.arange(100 * 34, dtype=torch.float32).view(100, 34)  # 100 channels: 3 panels, 44 of zeros
+    for dtype, kp in [(BF16, 2), (torch.float32, 1)]:
+        p = cpu.gemm_pack(w.to(dtype))
+        assert p.shape == (3, 34 // kp, 48, kp) and p.dtype == dtype
+        for n, k in [(0, 0), (5, 7), (47, 33), (48, 0), (99, 20)]:
+            assert p[n // 48, k // kp, n % 48, k % kp] == w[n, k].to(dtype)
+        assert not p[2, :, 100 - 96:].any()
+    with pytest.raises(RuntimeError, match="in_features must be even"):
+        cpu.gemm_pack(torch.zeros(4, 5, dtype=BF16))
+    with pytest.raises(RuntimeError, match="bf16 or fp32"):
+        cpu.gemm_pack(torch.zeros(4, 4, dtype=torch.float16))
+
+
+def expect_unavailable(dtype, k, panels, n):
+    with pytest.raises(RuntimeError, match="needs AVX-512"):
+        cpu.gemm(torch.zeros(1, k, dtype=dtype), panels, n, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n,k", [(960, 576), (100, 34), (48, 2), (7, 1536)])
+def test_every_row_count_against_torch(dtype, n, k):
+    gen = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=gen).mul_(k ** -0.5).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    panels = cpu.gemm_pack(w)
+    if not cpu.gemm_available(dtype):
+        return expect_unavailable(dtype, k, panels, n)
+    for m in [0, 1, 7, 8, 9, 16, 63, 64, 65, 130]:
+        # rows 2k apart: a strided view, as the engine's qkv slices are
+        x = torch.randn(m, 2 * k, generator=gen).to(dtype)[:, :k]
+        for b in (None, bias):
+            want = x.double() @ w.double().T + (0 if b is None else b.double())
+            got = cpu.gemm(x, panels, n, b)
+            assert got.dtype == dtype and got.shape == (m, n)
+            if dtype == BF16:  # fp32 accumulation, one rounding to bf16 at the end
+                torch.testing.assert_close(got.float(), want.to(BF16).float(), rtol=1.6e-2, atol=1e-2)
+            else:  # one fp32 chain per output: a few ulps of the sum's magnitude
+                torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="in x's dtype"):
+        cpu.gemm(torch.zeros(1, k, dtype=torch.float32 if dtype == BF16 else BF16), panels, n, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_row_does_not_depend_on_its_batch(dtype):
+    """Seeded sampling and preemption replay need a request's logits independent of who
+    else is in the step: every row is one dot-product chain in k order, whatever M."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(200, 576, generator=gen).to(dtype)
+    panels = cpu.gemm_pack(w)
+    x = torch.randn(100, 576, generator=gen).to(dtype)
+    if not cpu.gemm_available(dtype):
+        return expect_unavailable(dtype, 576, panels, 200)
+    full = cpu.gemm(x, panels, 200, None)
+    for lo, hi in [(0, 1), (3, 12), (37, 100), (64, 65)]:
+        assert torch.equal(cpu.gemm(x[lo:hi], panels, 200, None), full[lo:hi])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_packed_linear_takes_the_native_gemm_where_built(dtype):
+    gen = torch.Generator().manual_seed(2)
+    w = torch.randn(96, 64, generator=gen).to(dtype)
+    layer = PackedLinear(w, None)
+    native = cpu.gemm_available(dtype)
+    assert (layer.panels is not None) == native and (layer.packed is None) == native
+    x = torch.randn(2, 5, 64, generator=gen).to(dtype)  # leading dims beyond one
+    want = (x.double() @ w.double().T).to(dtype)
+    tol = dict(rtol=1.6e-2, atol=1e-2) if dtype == BF16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer(x), want, **tol)
