@@ -85,3 +85,9 @@ def test_packed_linear_takes_the_native_gemm_where_built(dtype):
     want = (x.double() @ w.double().T).to(dtype)
     tol = dict(rtol=1.6e-2, atol=1e-2) if dtype == BF16 else dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(layer(x), want, **tol)
+    if dtype == torch.float32:  # fp32 packs any in_features; bf16 needs whole pairs of k
+        w = torch.randn(40, 33, generator=gen)
+        odd = PackedLinear(w, None)
+        assert (odd.panels is not None) == native
+        x = torch.randn(3, 33, generator=gen)
+        torch.testing.assert_close(odd(x), (x.double() @ w.double().T).float(), **tol)

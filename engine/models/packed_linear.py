@@ -4,9 +4,10 @@
 same product through oneDNN with a weight reordered once at load (what Inductor's
 freezing pass emits) runs 2-3x faster here. On CPUs with AVX-512 the native panel GEMM
 (kernels/csrc/gemm.cpp) replaces oneDNN, in fp32 and (with AVX512_BF16) in bf16: at the
-1-64 rows of decode steps 1.1-1.7x oneDNN's rate in fp32 and 1.1-3.3x in bf16, level
-from 256 rows up (`scripts/bench_gemm.py`). The packed weight is opaque, so the
-original stays for loading and for the weight-tied embedding.
+1-64 rows of decode steps 1.0-2.0x oneDNN's rate in fp32 and 1.1-3.3x in bf16, level
+from 256 rows up (`scripts/bench_gemm.py`); in fp32 the offline workload runs level
+with oneDNN (RESULTS.md, session 16). The packed weight is opaque, so the original
+stays for loading and for the weight-tied embedding.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class PackedLinear(nn.Module):
         w = weight.detach().contiguous()
         self.panels = None  # the native GEMM's packing, where it runs
         self.packed = None  # oneDNN's, everywhere else
-        if self.in_features % 2 == 0 and cpu.gemm_available(w.dtype):
+        if cpu.gemm_available(w.dtype) and (w.dtype != torch.bfloat16 or self.in_features % 2 == 0):
             self.panels = cpu.gemm_pack(w)
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w)

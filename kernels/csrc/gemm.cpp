@@ -3,7 +3,7 @@
 //
 // oneDNN reaches this VM's peak from 256 rows up, but not at the 16-64 rows of a decode
 // step, where each layer's weights are read once (RESULTS.md: bf16 133-250 GFLOP/s of
-// ~430; fp32 115-198 of ~230 at 16-64 rows). Here each panel of NR output channels is
+// ~430; fp32 113-207 of ~230 at 16-64 rows). Here each panel of NR output channels is
 // stored as the tile reads it, [K / KP][NR][KP] with KP = 2 in bf16 (the two weights of
 // a pair of k side by side, as vdpbf16ps takes them) and 1 in fp32, and R rows run over
 // it in an R x NR register tile: per step of k, NV weight loads, one broadcast per row,
