@@ -10,9 +10,9 @@ process so neither inherits the other's caches:
   RSS before, after the first sweep and after the second;
 - engine: the offline LLM on rounds of 150 random requests (prompts 8-256 tokens,
   outputs 1-16, n 1-2); RSS after each round.
-Each runs with engine/models/packed_linear.ROWS as shipped and with bucketing off. Where
-the native GEMM runs instead of oneDNN (kernels/csrc/gemm.cpp: AVX-512 CPUs), it keeps no
-state per shape and neither setting should grow.
+Each runs with engine/models/packed_linear.ROWS as shipped and with bucketing off. The
+bucketing is oneDNN's: where the native GEMM runs instead (kernels/csrc/gemm.cpp, AVX-512
+CPUs), it keeps no state per shape and runs every row count as it comes.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ namespace {
 constexpr int64_t NR = 48;  // output channels per panel: three vectors of 16
 constexpr int64_t MB = 64;  // rows per block: a block's x rows stay in L2 across the panels
 
-bool available(c10::ScalarType dtype) {
+bool gemm_available(c10::ScalarType dtype) {
 #if defined(__AVX512BF16__)
   if (dtype == at::kBFloat16) return true;
 #endif
@@ -65,6 +65,7 @@ constexpr int R = 8, NV = 3;  // 24 accumulators, 3 weight vectors, 1 broadcast
 // memory operand per product), the products, the store.
 struct F32 {
   using T = float;
+  static constexpr int64_t KP = 1;  // k per step
   static __m512 splat(const float* x) {
     __m512 b = _mm512_set1_ps(*x);
     asm("" : "+v"(b));
@@ -78,6 +79,7 @@ struct F32 {
 #if defined(__AVX512BF16__)
 struct Bf16 {
   using T = uint16_t;
+  static constexpr int64_t KP = 2;
   static __m512 splat(const uint16_t* x) {
     int32_t pair;
     std::memcpy(&pair, x, sizeof(pair));
@@ -101,7 +103,7 @@ struct Bf16 {
 template <class E, int RR>
 __attribute__((noinline)) void tile(const typename E::T* x, int64_t ldx, int64_t K2, const typename E::T* w,
                                     const float* acc0, typename E::T* y, int64_t ldy, int64_t cols) {
-  constexpr int64_t KP = 4 / sizeof(typename E::T);
+  constexpr int64_t KP = E::KP;
   __m512 acc[RR][NV];
   for (int r = 0; r < RR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = acc0 ? _mm512_loadu_ps(acc0 + 16 * v) : _mm512_setzero_ps();
@@ -139,7 +141,7 @@ void run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* 
   const auto* xp = reinterpret_cast<const T*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const T*>(panels.data_ptr());
   auto* yp = reinterpret_cast<T*>(y.data_ptr());
-  const int64_t panel = K2 * NR * (4 / sizeof(T));
+  const int64_t panel = K2 * NR * E::KP;
   at::parallel_for(0, G, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
       const int64_t m1 = std::min(M, m0 + MB);
@@ -159,7 +161,7 @@ void run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* 
 at::Tensor gemm(const at::Tensor& x, const at::Tensor& panels, int64_t N, const c10::optional<at::Tensor>& bias) {
   const auto dtype = x.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "gemm: x is bf16 or fp32");
-  TORCH_CHECK(available(dtype), "gemm needs AVX-512 (and AVX512_BF16 for bf16)");
+  TORCH_CHECK(gemm_available(dtype), "gemm needs AVX-512 (and AVX512_BF16 for bf16)");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "gemm: x is [M, K], rows dense");
   const int64_t kp = k_step(dtype);
   TORCH_CHECK(panels.dim() == 4 && panels.size(2) == NR && panels.size(3) == kp && panels.is_contiguous() &&
@@ -184,8 +186,6 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& panels, int64_t N, const 
 #endif
   return y;
 }
-
-bool gemm_available(c10::ScalarType dtype) { return available(dtype); }
 
 }  // namespace
 
