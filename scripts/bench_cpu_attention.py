@@ -9,12 +9,20 @@ the embedded SmolLM2-135M (9 query heads, 3 KV heads, head_dim 64, block 16); bl
 tables are shuffled. Reports the minimum over repeats (this VM's timings are noisy),
 the bytes of K/V read per second for decode, and the ratio.
 
+Those caches fit in L3 (64 x 300 tokens is 29 MB in fp32). `--cold` instead times decode
+as a model step meets it: 64 sequences of 350 tokens, one call per layer over 30 layers'
+caches in turn, so each layer's K/V comes from DRAM; it prints the read rate of each of
+eight passes over the 30 layers, and their median.
+
     python scripts/bench_cpu_attention.py [--dtype float32] [--repeats 50]
+    python scripts/bench_cpu_attention.py --cold [--dtype bfloat16]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 
 import torch
 
@@ -37,16 +45,34 @@ def make(seqs: int, ctx: int, q_len: int, dtype: torch.dtype, gen: torch.Generat
     return q, k, v, tables, qsl, lens
 
 
+def cold(dtype: torch.dtype, gen: torch.Generator, seqs: int = 64, ctx: int = 350, layers: int = 30) -> None:
+    scale = HEAD_DIM**-0.5
+    caches = [make(seqs, ctx, 1, dtype, gen) for _ in range(layers)]
+    kv_bytes = layers * 2 * seqs * ctx * KV_HEADS * HEAD_DIM * caches[0][1].element_size()
+    rates = []
+    for _ in range(8):
+        t = time.perf_counter()
+        for q, k, v, tables, qsl, lens in caches:
+            cpu.paged_attention(q, k, v, tables, qsl, lens, scale)
+        rates.append(kv_bytes / (time.perf_counter() - t) / 1e9)
+    print(f"decode, {seqs} x {ctx} tokens, {layers} layers' caches ({kv_bytes / 2**30:.2f} GiB): GB/s per pass "
+          + " ".join(f"{r:.1f}" for r in rates) + f"; median {statistics.median(rates):.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--cold", action="store_true", help="decode over 30 layers' caches, from DRAM")
     args = ap.parse_args()
     if not cpu.available():
         raise SystemExit("the native CPU kernels could not be built")
     dtype = getattr(torch, args.dtype)
     scale = HEAD_DIM**-0.5
     gen = torch.Generator().manual_seed(0)
+    if args.cold:
+        cold(dtype, gen)
+        return
     print(f"torch threads {torch.get_num_threads()}, {args.dtype}")
     print(f"{'case':8s} {'seqs':>5s} {'ctx':>5s} {'native ms':>10s} {'torch ms':>9s} {'speed-up':>9s} {'native GB/s':>12s}")
     for kind, seqs, ctx, q_len in CASES:

@@ -43,6 +43,32 @@ inline __m512 hsum16(const __m512* a) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, kEven), _mm512_shuffle_f32x4(e0, e1, kOdd));
 }
 
+// The K and V blocks `kDist` ahead of the one in use, into L2, a few lines at a time as
+// the keys are computed. Blocks are scattered, so the hardware prefetcher starts each
+// one cold; the whole next block asked for at once (384 lines for SmolLM2 in fp32) filled the miss
+// queues and held up the compute until most of it had arrived, so memory and compute
+// took turns. Paced at one line per key's dot product and 32 per head's P V, they
+// overlap: decode over 30 layers' caches reads 19-22 GB/s against 18 in fp32, 19-20
+// against 13-14 in bf16 (scripts/bench_cpu_attention.py --cold). Into L1 (T0) instead,
+// paced or not, it was slower than no prefetch at all.
+struct Ahead {
+  static constexpr int kDist = 2;
+  const char* k = nullptr;
+  const char* v = nullptr;
+  int64_t next = 0, lines = 0;
+
+  void start(const void* kb, const void* vb, int64_t bytes) {
+    k = static_cast<const char*>(kb);
+    v = static_cast<const char*>(vb);
+    next = 0;
+    lines = bytes / 64;
+  }
+  void issue(int64_t count) {
+    for (; count > 0 && next < 2 * lines; --count, ++next)
+      _mm_prefetch(next < lines ? k + next * 64 : v + (next - lines) * 64, _MM_HINT_T1);
+  }
+};
+
 // o[j] = o[j] * c[j] + sum over t < n of p[j][t] * v[t] for J query heads, the J x ND
 // accumulators in registers for the whole group of keys.
 template <int J, int ND, typename V>
@@ -82,21 +108,15 @@ void attend(const float* qf, const scalar_t* q, float scale, const scalar_t* kc,
   const int64_t block_bytes = blk_stride * static_cast<int64_t>(sizeof(scalar_t));
   alignas(64) float p[kMaxG][16];
   float c[kMaxG];
+  Ahead ahead;
   for (int kv = kv0; kv < kv1;) {
     const int blk = kv / BS, off = kv % BS;
     const int n = std::min({16, BS - off, kv1 - kv});  // a group of keys inside one block
     const scalar_t* kb = kc + table[blk] * blk_stride + off * tok;
     const scalar_t* vb = vc + table[blk] * blk_stride + off * tok;
-    if (off + n == BS && kv + n < kv1) {
-      // The next block, whole, into L2 (into L1 it would evict the block in use): blocks
-      // are scattered, so the hardware prefetcher would start each one cold.
-      const char* nk = reinterpret_cast<const char*>(kc + table[blk + 1] * blk_stride);
-      const char* nv = reinterpret_cast<const char*>(vc + table[blk + 1] * blk_stride);
-      for (int64_t b = 0; b < block_bytes; b += 64) {
-        __builtin_prefetch(nk + b, 0, 2);
-        __builtin_prefetch(nv + b, 0, 2);
-      }
-    }
+    if (off == 0 && (blk + Ahead::kDist) * BS < kv1)
+      ahead.start(kc + table[blk + Ahead::kDist] * blk_stride, vc + table[blk + Ahead::kDist] * blk_stride,
+                  block_bytes);
     for (int i = 0; i < nq; ++i) {
       const int vis = std::max(0, std::min(n, first_pos + i - kv + 1));  // keys this token sees
       if (vis == 0) continue;  // a group wholly after the token: nothing from it
@@ -113,9 +133,11 @@ void attend(const float* qf, const scalar_t* q, float scale, const scalar_t* kc,
             for (int d = 0; d < ND / 2; ++d) qb[d] = (__m512bh)_mm512_loadu_si512(q + r * D + 32 * d);
             for (int t = 0; t < 16; ++t) {
               a[t] = _mm512_setzero_ps();
-              if (t < vis)
+              if (t < vis) {
+                ahead.issue(1);
                 for (int d = 0; d < ND / 2; ++d)
                   a[t] = _mm512_dpbf16_ps(a[t], qb[d], (__m512bh)_mm512_loadu_si512(kg + t * tok + 32 * d));
+              }
             }
             s = _mm512_mul_ps(hsum16(a), _mm512_set1_ps(scale));
           } else
@@ -126,6 +148,7 @@ void attend(const float* qf, const scalar_t* q, float scale, const scalar_t* kc,
             for (int t = 0; t < 16; ++t) {
               if (t < vis) {
                 const scalar_t* kr = kg + t * tok;
+                ahead.issue(1);
                 __m512 x = _mm512_mul_ps(qv[0], load16(kr));
                 for (int d = 1; d < ND; ++d) x = _mm512_fmadd_ps(qv[d], load16(kr + 16 * d), x);
                 a[t] = x;
@@ -144,6 +167,7 @@ void attend(const float* qf, const scalar_t* q, float scale, const scalar_t* kc,
           _mm512_store_ps(p[j], e);
         }
         const scalar_t* vg = vb + g * D;
+        ahead.issue(32);
         for (int j = 0; j < G; j += JC) {
           float* o = acc + static_cast<int64_t>(i * H + g * G + j) * D;
           switch (std::min(JC, G - j)) {
@@ -155,6 +179,7 @@ void attend(const float* qf, const scalar_t* q, float scale, const scalar_t* kc,
         }
       }
     }
+    if (off + n == BS) ahead.issue(ahead.lines * 2);  // what the block's keys left over
     kv += n;
   }
 }
