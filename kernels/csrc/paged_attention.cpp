@@ -5,7 +5,8 @@
 // online with fp32 accumulation. Work items are (sequence, KV head, query chunk, KV
 // split); splits of long contexts keep both cores busy when the batch is small, and
 // are merged with their log-sum-exp weights at the end. Head dims 64 and 128 take the
-// AVX-512 path of attn512.h where the CPU has it.
+// AVX-512 path of attn512.h where the CPU has it, and prefill chunks its tiled paths
+// (prefill512.h in bf16, prefill_f32.h in fp32).
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -23,6 +24,7 @@
 #include "attn512.h"
 #endif
 #include "prefill512.h"
+#include "prefill_f32.h"
 
 namespace {
 
@@ -30,8 +32,8 @@ using pagedserve::fast_exp;
 
 constexpr int kMaxDim = 256;
 constexpr int kQChunk = 16;     // query tokens per work item
-constexpr int kTiledQChunk = 64;  // query tokens per prefill work item on prefill512.h's path
-constexpr int kTiledRows = 16;  // query rows of a KV head from which prefill512.h's repacking pays
+constexpr int kTiledQChunk = 64;  // query tokens per prefill work item on a tiled path
+constexpr int kTiledRows = 16;  // query rows of a KV head from which a tiled path's repacking pays
 
 struct Item {
   int seq, q0, q1, kv0, kv1, part;
@@ -191,6 +193,13 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
   }
   std::fill(acc, acc + static_cast<int64_t>(R) * D, 0.f);
 #if defined(__AVX512F__)
+  if constexpr (std::is_same<scalar_t, float>::value) {
+    if (tiled && nq * G >= kTiledRows) {
+      (D == 64 ? pagedserve::prefill_f32::attend<4, BS> : pagedserve::prefill_f32::attend<8, BS>)(
+          qf.data(), kc, vc, table, it.kv0, it.kv1, nq, seq_len - q_len + it.q0, H, Hkv, acc, m, l);
+      return;
+    }
+  }
   if constexpr (!std::is_same<scalar_t, double>::value) {
     if (G <= pagedserve::attn512::kMaxG && (D == 64 || D == 128)) {
       (D == 64 ? pagedserve::attn512::attend<scalar_t, 4, BS> : pagedserve::attn512::attend<scalar_t, 8, BS>)(
@@ -373,12 +382,16 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
   const int threads = at::get_num_threads();
   int64_t base_items = 0;
   int max_len = 0;
-  // Whether prefill takes prefill512.h: bf16 caches with AVX512_BF16, head dims 64 and 128,
-  // under 2^31 bf16 pairs (its gather's int32 offsets). Its items take longer chunks: each
+  // Whether prefill takes a tiled path: prefill512.h for bf16 caches with AVX512_BF16,
+  // prefill_f32.h for fp32 ones with AVX-512; head dims 64 and 128, under 2^31 elements
+  // (bf16 pairs) for their gathers' int32 offsets. Their items take longer chunks: each
   // repacks its keys once.
   bool tiled = false;
 #if defined(__AVX512BF16__)
   tiled = std::is_same<scalar_t, c10::BFloat16>::value && (D == 64 || D == 128) && kc.numel() / 2 < (int64_t{1} << 31);
+#endif
+#if defined(__AVX512F__)
+  tiled = tiled || (std::is_same<scalar_t, float>::value && (D == 64 || D == 128) && kc.numel() < (int64_t{1} << 31));
 #endif
   const int chunk = tiled ? kTiledQChunk : kQChunk;
   for (int i = 0; i < S; ++i) {
