@@ -198,13 +198,19 @@ class DecoderLayer(nn.Module):
             q_size=attn.q_size, v_at=attn.q_size + attn.kv_size, scale=attn.scale,
             reduce=attn.tp.all_reduce if attn.tp.size > 1 else None)
 
-    def forward_fused(self, residual, pending, cos, sin, kv_cache, meta) -> torch.Tensor:
+    def forward_fused(self, residual, pending, cos, sin, kv_cache, meta,
+                      keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layer on the native CPU kernels: each residual add fused into the norm
         after it (`residual` updated in place, the MLP output returned as the next layer's
         `pending`), the rotary fused, and written flat, with no nn.Module call or module
         attribute lookup inside: at batch 1 on quantized weights the Python around the
         kernels had taken about 95 us a layer, a quarter of the step. cos and sin are
-        [n, head_dim]."""
+        [n, head_dim]. Returns (residual, pending).
+
+        `keep`, on the model's last layer: the rows that need logits. Every row's K and V
+        are stored, but only those rows go on through o_proj and the MLP; in a prefill
+        chunk that is one row a prompt instead of all of them. Each GEMM row is computed
+        on its own, so the kept rows' values are the same."""
         f = self.flat
         x = cpu_kernels.add_rms_norm(pending, residual, f.norm1, f.eps1)
         n = x.shape[0]
@@ -214,10 +220,13 @@ class DecoderLayer(nn.Module):
         k_cache, v_cache = kv_cache
         backend = meta.backend
         backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = f.o(backend.attention(q, k_cache, v_cache, meta, f.scale).view(n, f.q_size))
+        out = backend.attention(q, k_cache, v_cache, meta, f.scale).view(n, f.q_size)
+        if keep is not None:
+            out, residual = out[keep], residual[keep]
+        out = f.o(out)
         x = cpu_kernels.add_rms_norm(out if f.reduce is None else f.reduce(out), residual, f.norm2, f.eps2)
         out = f.down(cpu_kernels.silu_mul(f.gate_up(x)))
-        return out if f.reduce is None else f.reduce(out)
+        return residual, (out if f.reduce is None else f.reduce(out))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -293,10 +302,13 @@ class LlamaForCausalLM(nn.Module):
         h = self.embed(input_ids) if self.first else hidden
         cos = self.cos_cache[positions].to(h.dtype)
         sin = self.sin_cache[positions].to(h.dtype)
+        picked = False  # whether h holds only the logits rows already
         if self.fused:
             pending = None
-            for layer, kv_cache in zip(self.layers, kv_caches):
-                pending = layer.forward_fused(h, pending, cos, sin, kv_cache, meta)
+            for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+                keep = logits_indices if self.last and i == len(self.layers) - 1 else None
+                h, pending = layer.forward_fused(h, pending, cos, sin, kv_cache, meta, keep)
+                picked = keep is not None
             h = h + pending if pending is not None else h
         else:
             cos, sin = cos[:, None, :], sin[:, None, :]
@@ -304,7 +316,7 @@ class LlamaForCausalLM(nn.Module):
                 h = layer(h, cos, sin, kv_cache, meta)
         if not self.last:
             return h
-        h = self.norm(h[logits_indices])
+        h = self.norm(h if picked else h[logits_indices])
         head = getattr(self, "head", None)
         logits = (head(h) if head is not None else F.linear(h, self.lm_head_weight)).float()
         return self._gather(logits)
