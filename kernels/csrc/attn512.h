@@ -45,12 +45,13 @@ inline __m512 hsum16(const __m512* a) {
 
 // The K and V blocks `kDist` ahead of the one in use, into L2, a few lines at a time as
 // the keys are computed. Blocks are scattered, so the hardware prefetcher starts each
-// one cold; the whole next block asked for at once (384 lines for SmolLM2 in fp32) filled the miss
-// queues and held up the compute until most of it had arrived, so memory and compute
-// took turns. Paced at one line per key's dot product and 32 per head's P V, they
-// overlap: decode over 30 layers' caches reads 19-22 GB/s against 18 in fp32, 19-20
-// against 13-14 in bf16 (scripts/bench_cpu_attention.py --cold). Into L1 (T0) instead,
-// paced or not, it was slower than no prefetch at all.
+// one cold; the whole next block asked for at once (384 lines for SmolLM2 in fp32)
+// filled the miss queues and held up the compute until most of it had arrived, so
+// memory and compute took turns. Paced at one line per key's dot product and 32 per
+// head's P V, they overlap: decode over 30 layers' caches reads 17-22 GB/s against
+// 17-18 in fp32, 17-19 against 13-14 in bf16 (scripts/bench_cpu_attention.py --cold;
+// RESULTS.md, session 17). Into L1 (T0) instead, paced or not, it was slower than no
+// prefetch at all.
 struct Ahead {
   static constexpr int kDist = 2;
   const char* k = nullptr;
