@@ -302,13 +302,13 @@ class LlamaForCausalLM(nn.Module):
         h = self.embed(input_ids) if self.first else hidden
         cos = self.cos_cache[positions].to(h.dtype)
         sin = self.sin_cache[positions].to(h.dtype)
-        picked = False  # whether h holds only the logits rows already
+        # On the fused path the last stage's last layer keeps only the logits rows.
+        picked = self.fused and self.last and len(self.layers) > 0
         if self.fused:
             pending = None
             for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
-                keep = logits_indices if self.last and i == len(self.layers) - 1 else None
+                keep = logits_indices if picked and i == len(self.layers) - 1 else None
                 h, pending = layer.forward_fused(h, pending, cos, sin, kv_cache, meta, keep)
-                picked = keep is not None
             h = h + pending if pending is not None else h
         else:
             cos, sin = cos[:, None, :], sin[:, None, :]

@@ -187,19 +187,21 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
 #endif
   std::vector<float> qf(static_cast<size_t>(R) * D);  // query rows in fp32, pre-scaled
   for (int64_t x = 0; x < static_cast<int64_t>(R) * D; ++x) qf[x] = pagedserve::load_f(q0, x) * scale;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same<scalar_t, float>::value) {
+    if (tiled && nq * G >= kTiledRows) {  // writes acc, m and l whole
+      (D == 64 ? pagedserve::prefill_f32::attend<4, BS> : pagedserve::prefill_f32::attend<8, BS>)(
+          qf.data(), kc, vc, table, it.kv0, it.kv1, nq, seq_len - q_len + it.q0, H, Hkv, acc, m, l);
+      return;
+    }
+  }
+#endif
   for (int r = 0; r < R; ++r) {
     m[r] = -std::numeric_limits<float>::infinity();
     l[r] = 0.f;
   }
   std::fill(acc, acc + static_cast<int64_t>(R) * D, 0.f);
 #if defined(__AVX512F__)
-  if constexpr (std::is_same<scalar_t, float>::value) {
-    if (tiled && nq * G >= kTiledRows) {
-      (D == 64 ? pagedserve::prefill_f32::attend<4, BS> : pagedserve::prefill_f32::attend<8, BS>)(
-          qf.data(), kc, vc, table, it.kv0, it.kv1, nq, seq_len - q_len + it.q0, H, Hkv, acc, m, l);
-      return;
-    }
-  }
   if constexpr (!std::is_same<scalar_t, double>::value) {
     if (G <= pagedserve::attn512::kMaxG && (D == 64 || D == 128)) {
       (D == 64 ? pagedserve::attn512::attend<scalar_t, 4, BS> : pagedserve::attn512::attend<scalar_t, 8, BS>)(
