@@ -20,6 +20,7 @@
 #include <limits>
 #include <vector>
 
+#include "tiles.h"
 #include "vec.h"
 
 namespace pagedserve::prefill_f32 {
@@ -136,8 +137,6 @@ template <int ND, int BS>
 void attend(const float* qf, const float* kc, const float* vc, const int32_t* table, int kv0, int kv1, int nq,
             int first_pos, int H, int Hkv, float* acc, float* m, float* l) {
   constexpr int D = ND * 16;
-  constexpr int RT = 4;  // rows a tile
-  const int G = H / Hkv;
   const int64_t groups = (kv1 - kv0 + 15) / 16;
   thread_local std::vector<__m512> kt, vt;  // one KV head's packed keys and values, reused
   if (static_cast<int64_t>(kt.size()) < groups * D) {
@@ -146,29 +145,11 @@ void attend(const float* qf, const float* kc, const float* vc, const int32_t* ta
   }
   float* kp = reinterpret_cast<float*>(kt.data());
   float* vp = reinterpret_cast<float*>(vt.data());
-  const int rows_g = nq * G;  // this head's rows: k -> token k / G, query head g * G + k % G
   for (int g = 0; g < Hkv; ++g) {
     pack<D, BS>(kc, vc, table, kv0, kv1, g, static_cast<int64_t>(Hkv) * D, kp, vp);
-    for (int r0 = 0; r0 < rows_g; r0 += RT) {
-      const int nr = std::min(RT, rows_g - r0);
-      const float* qr[RT];
-      int pos[RT];
-      float *ar[RT], *mr[RT], *lr[RT];
-      for (int j = 0; j < nr; ++j) {
-        const int i = (r0 + j) / G, row = i * H + g * G + (r0 + j) % G;
-        qr[j] = qf + static_cast<int64_t>(row) * D;
-        pos[j] = first_pos + i;
-        ar[j] = acc + static_cast<int64_t>(row) * D;
-        mr[j] = m + row;
-        lr[j] = l + row;
-      }
-      switch (nr) {
-        case 1: rows<1, ND>(qr, pos, kp, vp, kv0, kv1, ar, mr, lr); break;
-        case 2: rows<2, ND>(qr, pos, kp, vp, kv0, kv1, ar, mr, lr); break;
-        case 3: rows<3, ND>(qr, pos, kp, vp, kv0, kv1, ar, mr, lr); break;
-        default: rows<4, ND>(qr, pos, kp, vp, kv0, kv1, ar, mr, lr);
-      }
-    }
+    row_tiles(qf, D, D, nq, first_pos, H, Hkv, g, acc, m, l,
+              [&](auto n, const float* const* qr, const int* pos, float* const* ar, float* const* mr,
+                  float* const* lr) { rows<decltype(n)::value, ND>(qr, pos, kp, vp, kv0, kv1, ar, mr, lr); });
   }
 }
 
