@@ -15,8 +15,8 @@ namespace pagedserve {
 // Calls tile(std::integral_constant<int, n>, qr, pos, acc, m, l) for each tile of
 // n = 1..4 rows, so that the kernel's row count is a template argument.
 template <typename T, typename Tile>
-inline void row_tiles(const T* q, int q_stride, int D, int nq, int first_pos, int H, int Hkv, int g, float* acc, float* m,
-                      float* l, Tile&& tile) {
+inline void row_tiles(const T* q, int q_stride, int D, int nq, int first_pos, int H, int Hkv, int g, float* acc,
+                      float* m, float* l, Tile&& tile) {
   constexpr int RT = 4;
   const int G = H / Hkv, rows_g = nq * G;
   for (int r0 = 0; r0 < rows_g; r0 += RT) {
