@@ -116,17 +116,7 @@ inline void rows(const uint32_t* const* qr, const int* pos, float scale, const u
       pairs = std::max(pairs, (vis + 1) / 2);
       const __mmask16 valid = static_cast<__mmask16>((1u << vis) - 1u);
       const __m512 x = _mm512_mask_mul_ps(ninf, valid, _mm512_add_ps(s[j][0], s[j][1]), sc);
-      // The running max moves only when a score passes it (always on a row's first group);
-      // otherwise the reduction, the scalar exp and the rescaling are skipped.
-      if (_mm512_cmp_ps_mask(x, _mm512_set1_ps(mx[j]), _CMP_GT_OQ)) {
-        const float mnew = _mm512_reduce_max_ps(x);
-        c[j] = pagedserve::fast_exp(mx[j] - mnew);  // ~0 on the first group (-inf clamps)
-        mx[j] = mnew;
-        rescale = true;
-        _mm512_store_ps(lv[j], _mm512_mul_ps(_mm512_load_ps(lv[j]), _mm512_set1_ps(c[j])));
-      }
-      const __m512 e = _mm512_maskz_mov_ps(valid, pagedserve::exp16(_mm512_sub_ps(x, _mm512_set1_ps(mx[j]))));
-      _mm512_store_ps(lv[j], _mm512_add_ps(_mm512_load_ps(lv[j]), e));
+      const __m512 e = softmax_group(x, valid, mx[j], c[j], lv[j], rescale);
       _mm256_store_si256(reinterpret_cast<__m256i*>(p[j]), (__m256i)_mm512_cvtneps_pbh(e));
     }
     for (int d = 0; d < ND; d += 2) {  // two column blocks of every row: 2R chains

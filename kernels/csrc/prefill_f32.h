@@ -92,18 +92,7 @@ inline void rows(const float* const* qr, const int* pos, const float* kt, const 
       keys = std::max(keys, vis);
       const __mmask16 valid = static_cast<__mmask16>((1u << vis) - 1u);
       const __m512 x = _mm512_mask_mov_ps(ninf, valid, _mm512_add_ps(s[j][0], s[j][1]));
-      // The running max moves only when a score passes it (always on a row's first group);
-      // otherwise the reduction, the scalar exp and the rescaling are skipped.
-      if (_mm512_cmp_ps_mask(x, _mm512_set1_ps(mx[j]), _CMP_GT_OQ)) {
-        const float mnew = _mm512_reduce_max_ps(x);
-        c[j] = pagedserve::fast_exp(mx[j] - mnew);  // ~0 on the first group (-inf clamps)
-        mx[j] = mnew;
-        rescale = true;
-        _mm512_store_ps(lv[j], _mm512_mul_ps(_mm512_load_ps(lv[j]), _mm512_set1_ps(c[j])));
-      }
-      const __m512 e = _mm512_maskz_mov_ps(valid, pagedserve::exp16(_mm512_sub_ps(x, _mm512_set1_ps(mx[j]))));
-      _mm512_store_ps(lv[j], _mm512_add_ps(_mm512_load_ps(lv[j]), e));
-      _mm512_store_ps(p[j], e);
+      _mm512_store_ps(p[j], softmax_group(x, valid, mx[j], c[j], lv[j], rescale));
     }
     for (int d = 0; d < ND; d += CB) {
       __m512 a[R][CB];

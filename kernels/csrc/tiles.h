@@ -1,12 +1,36 @@
-// The query rows of one KV head in a prefill work item, four at a time: the walk shared
-// by the tiled prefill kernels (prefill_f32.h, prefill512.h), whatever their element type.
+// What the tiled prefill kernels (prefill_f32.h, prefill512.h) share whatever their
+// element type: the walk over a KV head's query rows, four at a time, and a row's online
+// softmax over a group of sixteen scores.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
+#include "vec.h"
+
 namespace pagedserve {
+
+#if defined(__AVX512F__)
+// One row's step of the online softmax: x holds a group's sixteen scores, -inf outside
+// `valid`. The running max mx moves only when a score passes it (always on a row's first
+// group); otherwise the reduction, the scalar exp and the rescaling are skipped. When it
+// moves, c becomes the factor for the row's earlier sums, the lane sums lv are rescaled
+// by it and `rescale` is set; c is left as it was otherwise. The group's probabilities
+// are added to lv and returned, zero outside `valid`.
+inline __m512 softmax_group(__m512 x, __mmask16 valid, float& mx, float& c, float* lv, bool& rescale) {
+  if (_mm512_cmp_ps_mask(x, _mm512_set1_ps(mx), _CMP_GT_OQ)) {
+    const float mnew = _mm512_reduce_max_ps(x);
+    c = fast_exp(mx - mnew);  // ~0 on the first group (-inf clamps)
+    mx = mnew;
+    rescale = true;
+    _mm512_store_ps(lv, _mm512_mul_ps(_mm512_load_ps(lv), _mm512_set1_ps(c)));
+  }
+  const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(x, _mm512_set1_ps(mx))));
+  _mm512_store_ps(lv, _mm512_add_ps(_mm512_load_ps(lv), e));
+  return e;
+}
+#endif
 
 // Row k of KV head g is query token k / G (position first_pos + k / G) and query head
 // g * G + k % G, so a tile's rows share the head's packed keys. q holds the item's
