@@ -124,6 +124,10 @@ def _register_fakes() -> None:
     def _(x, panels, n, bias):
         return x.new_empty(x.shape[0], n)
 
+    @torch.library.register_fake(lib + "gemm_glu")
+    def _(x, panels, n, bias):
+        return x.new_empty(x.shape[0], n)
+
 
 def available() -> bool:
     return load()
@@ -219,6 +223,17 @@ def gemm_pack(weight: torch.Tensor) -> torch.Tensor:
 def gemm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
     """x [M, K] . W^T (+ bias) in x's dtype with fp32 accumulation, W as gemm_pack made it."""
     return op("gemm")(x, panels, n, bias)
+
+
+def gemm_pack_glu(weight: torch.Tensor) -> torch.Tensor:
+    """A gate/up weight [2 I, K] (gate rows first) as gemm_glu's panels."""
+    return op("gemm_pack_glu")(weight)
+
+
+def gemm_glu(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """silu(gate) * up [M, n] of x . W^T (+ bias), W as gemm_pack_glu made it: the GEMM and
+    silu_mul in one pass, with the same bits as the two."""
+    return op("gemm_glu")(x, panels, n, bias)
 
 
 if __name__ == "__main__":

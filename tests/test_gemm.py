@@ -1,5 +1,6 @@
 """The native panel GEMM (kernels/csrc/gemm.cpp) in fp32 and bf16 against torch's product
-of the same values, and PackedLinear's choice of it. Where the CPU lacks the instructions
+of the same values, its gate/up form with silu(gate) * up in the epilogue against the GEMM
+and silu_mul, and PackedLinear's choice of them. Where the CPU lacks the instructions
 (AVX-512; AVX512_BF16 for bf16) the op says so and PackedLinear keeps oneDNN."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.packed_linear import PackedLinear
+from engine.models.packed_linear import PackedLinear, glu_available
 from kernels import cpu
 
 pytestmark = pytest.mark.unit
@@ -91,3 +92,56 @@ def test_packed_linear_takes_the_native_gemm_where_built(dtype):
         assert (odd.panels is not None) == native
         x = torch.randn(3, 33, generator=gen)
         torch.testing.assert_close(odd(x), (x.double() @ w.double().T).float(), **tol)
+
+
+def test_a_glu_panel_holds_gate_then_up_channels():
+    i, k = 30, 4  # 30 outputs: two panels of 24 gate + 24 up channels, the second 18 short
+    w = torch.arange(2 * i * k, dtype=torch.float32).view(2 * i, k)
+    p = cpu.gemm_pack_glu(w)
+    assert p.shape == (2, k, 48, 1)
+    for g, c in [(0, 0), (0, 23), (1, 5)]:
+        assert torch.equal(p[g, :, c, 0], w[24 * g + c])  # gate row
+        assert torch.equal(p[g, :, 24 + c, 0], w[i + 24 * g + c])  # its up row
+    assert not p[1, :, 6:24].any() and not p[1, :, 30:].any()
+    with pytest.raises(RuntimeError, match="gate/up weight"):
+        cpu.gemm_pack_glu(torch.zeros(5, 4))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("i,k", [(1536, 576), (40, 64), (100, 34)])
+def test_glu_gemm_equals_the_gemm_then_silu_mul(dtype, i, k):
+    """The fused epilogue rounds where the two ops round, so a model gives the same bits
+    with it or without; partial last panels and tail rows included."""
+    gen = torch.Generator().manual_seed(i + k)
+    w = (torch.randn(2 * i, k, generator=gen) * k ** -0.5).to(dtype)
+    bias = torch.randn(2 * i, generator=gen).to(dtype)
+    plain, fused = cpu.gemm_pack(w), cpu.gemm_pack_glu(w)
+    if not cpu.gemm_available(dtype):
+        with pytest.raises(RuntimeError, match="needs AVX-512"):
+            cpu.gemm_glu(torch.zeros(1, k, dtype=dtype), fused, i, None)
+        return
+    for m in [1, 7, 9, 64, 130]:
+        x = (torch.randn(m, k, generator=gen) * 3).to(dtype)
+        for b in (None, bias):
+            got = cpu.gemm_glu(x, fused, i, b)
+            assert got.shape == (m, i) and got.dtype == dtype
+            assert torch.equal(got, cpu.silu_mul(cpu.gemm(x, plain, 2 * i, b)))
+    with pytest.raises(RuntimeError, match="one value per weight row"):
+        cpu.gemm_glu(x, fused, i, bias[:i])
+
+
+def test_packed_linear_glu_returns_the_activation():
+    gen = torch.Generator().manual_seed(3)
+    w, b = torch.randn(2 * 64, 96, generator=gen), torch.randn(2 * 64, generator=gen)
+    x = torch.randn(2, 5, 96, generator=gen)
+    if not glu_available(torch.float32):
+        with pytest.raises(ValueError, match="native fp32 GEMM"):
+            PackedLinear(w, b, glu=True)
+        return
+    layer = PackedLinear(w, b, glu=True)
+    y = x.double() @ w.double().T + b.double()
+    want = torch.nn.functional.silu(y[..., :64]) * y[..., 64:]
+    torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-5)
+    assert not glu_available(BF16)  # bf16 keeps the separate pass (packed_linear.glu_available)
+    with pytest.raises(ValueError, match="native fp32 GEMM"):
+        PackedLinear(w.to(BF16), None, glu=True)

@@ -148,7 +148,14 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.inter, bias=bias)
         self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=bias)
 
+    @property
+    def glu(self) -> bool:
+        """Whether gate_up_proj returns silu(gate) * up itself (PackedLinear with glu)."""
+        return bool(getattr(self.gate_up_proj, "glu", False))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.glu:
+            return self.tp.all_reduce(self.down_proj(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
         return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
@@ -164,6 +171,7 @@ class Flat:
     qkv: Callable[[torch.Tensor], torch.Tensor]
     o: Callable[[torch.Tensor], torch.Tensor]
     gate_up: Callable[[torch.Tensor], torch.Tensor]
+    glu: bool  # gate_up returns silu(gate) * up itself
     down: Callable[[torch.Tensor], torch.Tensor]
     heads: int
     kv_heads: int
@@ -193,7 +201,7 @@ class DecoderLayer(nn.Module):
         self.flat = Flat(
             norm1=self.input_layernorm.weight, eps1=self.input_layernorm.eps,
             norm2=self.post_attention_layernorm.weight, eps2=self.post_attention_layernorm.eps,
-            qkv=attn.qkv_proj.forward, o=attn.o_proj.forward, gate_up=mlp.gate_up_proj.forward,
+            qkv=attn.qkv_proj.forward, o=attn.o_proj.forward, gate_up=mlp.gate_up_proj.forward, glu=mlp.glu,
             down=mlp.down_proj.forward, heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
             q_size=attn.q_size, v_at=attn.q_size + attn.kv_size, scale=attn.scale,
             reduce=attn.tp.all_reduce if attn.tp.size > 1 else None)
@@ -225,7 +233,8 @@ class DecoderLayer(nn.Module):
             out, residual = out[keep], residual[keep]
         out = f.o(out)
         x = cpu_kernels.add_rms_norm(out if f.reduce is None else f.reduce(out), residual, f.norm2, f.eps2)
-        out = f.down(cpu_kernels.silu_mul(f.gate_up(x)))
+        up = f.gate_up(x)
+        out = f.down(up if f.glu else cpu_kernels.silu_mul(up))
         return residual, (out if f.reduce is None else f.reduce(out))
 
 
@@ -273,7 +282,12 @@ class LlamaForCausalLM(nn.Module):
             layer.flatten()
 
     def pack_linears(self) -> None:
-        """Prepack every GEMM weight for oneDNN (CPU only; after loading, never before)."""
+        """Prepack every GEMM weight for oneDNN or the native GEMM (CPU only; after loading,
+        never before); where packed_linear.glu_available, each gate/up with its activation."""
+        for layer in self.layers:
+            gate_up = layer.mlp.gate_up_proj
+            if packed_linear.glu_available(gate_up.weight.dtype):
+                layer.mlp.gate_up_proj = packed_linear.PackedLinear(gate_up.weight, gate_up.bias, glu=True)
         packed_linear.pack(self.layers)
         if self.last:
             self.head = packed_linear.PackedLinear(self.lm_head_weight, None)

@@ -57,20 +57,45 @@ def panel_linear(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tens
     return cpu.gemm(flat, panels, n, bias).view(*x.shape[:-1], n)
 
 
+def glu_linear(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """One native GEMM with silu(gate) * up in its epilogue (module-level, as panel_linear)."""
+    return cpu.gemm_glu(x, panels, n, bias)
+
+
+def glu_available(dtype: torch.dtype) -> bool:
+    """Whether a gate/up projection takes the activation into its GEMM (gemm_glu): in fp32,
+    where it saves the pass over the [M, 2 I] product (1.00-1.12x at 1-2,048 rows,
+    `scripts/bench_gemm.py --glu`); not in bf16, where the tile is twice as fast and the
+    epilogue's exp and division cost about what the pass saves (0.98-1.09x)."""
+    return dtype == torch.float32 and cpu.gemm_available(dtype)
+
+
 class PackedLinear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """`glu`: the weight is a gate/up projection [2 I, K] (gate rows first) and forward
+    returns silu(gate) * up [.., I] instead of the product (native GEMM only)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, glu: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         w = weight.detach().contiguous()
+        self.glu = glu
         self.panels = None  # the native GEMM's packing, where it runs
         self.packed = None  # oneDNN's, everywhere else
-        if cpu.gemm_available(w.dtype) and (w.dtype != torch.bfloat16 or self.in_features % 2 == 0):
+        if glu:
+            if not glu_available(w.dtype):
+                raise ValueError(f"a fused gate/up GEMM needs the native fp32 GEMM, not {w.dtype}")
+            self.out_features //= 2
+            self.panels = cpu.gemm_pack_glu(w)
+        elif cpu.gemm_available(w.dtype) and (w.dtype != torch.bfloat16 or self.in_features % 2 == 0):
             self.panels = cpu.gemm_pack(w)
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w)
         self.bias = None if bias is None else bias.detach().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.glu:
+            return glu_linear(x.reshape(-1, self.in_features).contiguous(), self.panels, self.out_features,
+                              self.bias).view(*x.shape[:-1], self.out_features)
         if self.panels is not None:
             return panel_linear(x, self.panels, self.out_features, self.bias)
         return linear(x, self.packed, self.bias)

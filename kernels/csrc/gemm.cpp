@@ -21,6 +21,8 @@
 #include <immintrin.h>
 #endif
 
+#include "vec.h"
+
 namespace {
 
 constexpr int64_t NR = 48;  // output channels per panel: three vectors of 16
@@ -38,24 +40,47 @@ bool gemm_available(c10::ScalarType dtype) {
 
 int64_t k_step(c10::ScalarType dtype) { return dtype == at::kBFloat16 ? 2 : 1; }
 
-// [N, K] -> [ceil(N / NR), K / KP, NR, KP]; channels past N are zeros. A step of k is four
-// bytes in either dtype, so the packing moves uint32s.
-at::Tensor gemm_pack(const at::Tensor& w) {
+// [N, K] -> [G, K / KP, NR, KP]: channel c of panel g is row row_of(g, c) of w, or zeros
+// where that is -1. A step of k is four bytes in either dtype, so the packing moves uint32s.
+template <class RowOf>
+at::Tensor pack_panels(const at::Tensor& w, int64_t G, RowOf row_of) {
   TORCH_CHECK(w.dim() == 2 && (w.scalar_type() == at::kBFloat16 || w.scalar_type() == at::kFloat),
               "gemm_pack: a 2-D bf16 or fp32 weight");
   const int64_t kp = k_step(w.scalar_type());
   TORCH_CHECK(w.size(1) % kp == 0, "gemm_pack: in_features must be even in bf16");
-  const int64_t N = w.size(0), K2 = w.size(1) / kp, G = (N + NR - 1) / NR;
+  const int64_t K2 = w.size(1) / kp;
   const at::Tensor wc = w.contiguous();
   at::Tensor out = at::zeros({G, K2, NR, kp}, w.options());
   const auto* src = reinterpret_cast<const uint32_t*>(wc.data_ptr());
   auto* dst = reinterpret_cast<uint32_t*>(out.data_ptr());
   at::parallel_for(0, G, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
-      for (int64_t c = 0; c < std::min(NR, N - g * NR); ++c)
-        for (int64_t k2 = 0; k2 < K2; ++k2) dst[(g * K2 + k2) * NR + c] = src[(g * NR + c) * K2 + k2];
+      for (int64_t c = 0; c < NR; ++c) {
+        const int64_t row = row_of(g, c);
+        if (row < 0) continue;
+        for (int64_t k2 = 0; k2 < K2; ++k2) dst[(g * K2 + k2) * NR + c] = src[row * K2 + k2];
+      }
   });
   return out;
+}
+
+// Panels of NR consecutive output channels; channels past N are zeros.
+at::Tensor gemm_pack(const at::Tensor& w) {
+  const int64_t N = w.size(0);
+  return pack_panels(w, (N + NR - 1) / NR, [N](int64_t g, int64_t c) { return g * NR + c < N ? g * NR + c : -1; });
+}
+
+// A gate/up weight [2 I, K] (gate rows, then up rows) for gemm_glu: panel g holds gate
+// channels [H g, H g + H) then the same up channels, H = NR / 2, so that one tile has both
+// halves of its outputs.
+constexpr int64_t H = NR / 2;
+at::Tensor gemm_pack_glu(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 && w.size(0) % 2 == 0, "gemm_pack_glu: a [2 I, K] gate/up weight");
+  const int64_t I = w.size(0) / 2;
+  return pack_panels(w, (I + H - 1) / H, [I](int64_t g, int64_t c) {
+    const int64_t ch = g * H + c % H;
+    return ch < I ? (c < H ? ch : I + ch) : -1;
+  });
 }
 
 #if defined(__AVX512F__)
@@ -65,6 +90,7 @@ constexpr int R = 8, NV = 3;  // 24 accumulators, 3 weight vectors, 1 broadcast
 // memory operand per product), the products, the store.
 struct F32 {
   using T = float;
+  using Model = float;  // T as vec.h's helpers name it
   static constexpr int64_t KP = 1;  // k per step
   static __m512 splat(const float* x) {
     __m512 b = _mm512_set1_ps(*x);
@@ -74,11 +100,13 @@ struct F32 {
   static __m512 load(const float* w) { return _mm512_loadu_ps(w); }
   static __m512 mul_add(__m512 acc, __m512 b, __m512 w) { return _mm512_fmadd_ps(b, w, acc); }
   static void store(float* dst, __m512 v) { _mm512_storeu_ps(dst, v); }
+  static __m512 round(__m512 v) { return v; }  // what store then a load would give
 };
 
 #if defined(__AVX512BF16__)
 struct Bf16 {
   using T = uint16_t;
+  using Model = c10::BFloat16;
   static constexpr int64_t KP = 2;
   static __m512 splat(const uint16_t* x) {
     int32_t pair;
@@ -94,13 +122,42 @@ struct Bf16 {
   static void store(uint16_t* dst, __m512 v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(v));
   }
+  static __m512 round(__m512 v) {
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
 };
 #endif
 
-// RR rows of x (ldx apart) against one panel of K2 steps; y gets the first `cols` channels
-// of each row. acc0: the bias for the panel's NR channels, or null. Kept out of line, as
+// silu(gate) * up for the H outputs of a row of a gemm_pack_glu panel: a[0] holds gate
+// 0-15, a[1] gate 16-23 then up 0-7, a[2] up 8-23. Rounded where the unfused path rounds
+// (the GEMM's outputs, then fused.cpp's silu_mul: the activation, the product), so the
+// result is the same to the bit.
+template <class E>
+inline void glu(const __m512* a, typename E::T* dst) {
+  static_assert(NR == 48, "the lane moves below assume three vectors a panel");
+  using M = typename E::Model;
+  const __m512i up_lo = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23);
+  const __m512 gate[2] = {E::round(a[0]), E::round(a[1])};
+  const __m512 up[2] = {E::round(_mm512_permutex2var_ps(a[1], up_lo, a[2])),
+                        E::round(_mm512_shuffle_f32x4(a[2], a[2], _MM_SHUFFLE(3, 2, 3, 2)))};
+  __m512 out[2];
+  for (int i = 0; i < 2; ++i) {
+    const __m512 e = pagedserve::exp16(_mm512_sub_ps(_mm512_setzero_ps(), gate[i]));
+    const __m512 act = pagedserve::round16<M>(_mm512_div_ps(gate[i], _mm512_add_ps(_mm512_set1_ps(1.f), e)));
+    out[i] = _mm512_mul_ps(act, up[i]);
+  }
+  M* d = reinterpret_cast<M*>(dst);
+  M last[16];
+  pagedserve::store16(d, out[0]);
+  pagedserve::store16(last, out[1]);
+  std::copy_n(last, H - 16, d + 16);
+}
+
+// RR rows of x (ldx apart) against one panel of K2 steps; y gets the first `cols` outputs
+// of each row: the panel's channels, or with Glu their silu(gate) * up. acc0: the bias for the panel's NR channels, or null. Kept out of line, as
 // qgemm.cpp's tile: inlined, GCC may spill the accumulators on every k.
-template <class E, int RR>
+template <class E, int RR, bool Glu>
 __attribute__((noinline)) void tile(const typename E::T* x, int64_t ldx, int64_t K2, const typename E::T* w,
                                     const float* acc0, typename E::T* y, int64_t ldy, int64_t cols) {
   constexpr int64_t KP = E::KP;
@@ -115,26 +172,32 @@ __attribute__((noinline)) void tile(const typename E::T* x, int64_t ldx, int64_t
       for (int v = 0; v < NV; ++v) acc[r][v] = E::mul_add(acc[r][v], b, wv[v]);
     }
   }
+  constexpr int64_t width = Glu ? H : NR;
   for (int r = 0; r < RR; ++r) {
     typename E::T out[NR];
-    typename E::T* dst = cols == NR ? y + r * ldy : out;
-    for (int v = 0; v < NV; ++v) E::store(dst + 16 * v, acc[r][v]);
-    if (cols < NR) std::copy_n(out, cols, y + r * ldy);
+    typename E::T* dst = cols == width ? y + r * ldy : out;
+    if constexpr (Glu) {
+      glu<E>(acc[r], dst);
+    } else {
+      for (int v = 0; v < NV; ++v) E::store(dst + 16 * v, acc[r][v]);
+    }
+    if (cols < width) std::copy_n(out, cols, y + r * ldy);
   }
 }
 
-template <class E, int RR>
+template <class E, int RR, bool Glu>
 void tail(int64_t left, const typename E::T* x, int64_t ldx, int64_t K2, const typename E::T* w, const float* acc0,
           typename E::T* y, int64_t ldy, int64_t cols) {
   if constexpr (RR > 0) {
     if (left == RR)
-      tile<E, RR>(x, ldx, K2, w, acc0, y, ldy, cols);
+      tile<E, RR, Glu>(x, ldx, K2, w, acc0, y, ldy, cols);
     else
-      tail<E, RR - 1>(left, x, ldx, K2, w, acc0, y, ldy, cols);
+      tail<E, RR - 1, Glu>(left, x, ldx, K2, w, acc0, y, ldy, cols);
   }
 }
 
-template <class E>
+// y [M, N] from x and the panels; with Glu, N is I and each panel gives H outputs.
+template <class E, bool Glu>
 void run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* b0, at::Tensor& y) {
   using T = typename E::T;
   const int64_t M = x.size(0), K2 = panels.size(1), G = panels.size(0), ldx = x.stride(0);
@@ -146,45 +209,64 @@ void run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* 
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
       const int64_t m1 = std::min(M, m0 + MB);
       for (int64_t g = g0; g < g1; ++g) {
+        constexpr int64_t width = Glu ? H : NR;
         const T* w = wp + g * panel;
-        const int64_t cols = std::min(NR, N - g * NR);
+        const int64_t cols = std::min(width, N - g * width);
         const float* bg = b0 ? b0 + g * NR : nullptr;
+        T* yg = yp + g * width;
         int64_t r = m0;
-        for (; r + R <= m1; r += R) tile<E, R>(xp + r * ldx, ldx, K2, w, bg, yp + r * N + g * NR, N, cols);
-        tail<E, R - 1>(m1 - r, xp + r * ldx, ldx, K2, w, bg, yp + r * N + g * NR, N, cols);
+        for (; r + R <= m1; r += R) tile<E, R, Glu>(xp + r * ldx, ldx, K2, w, bg, yg + r * N, N, cols);
+        tail<E, R - 1, Glu>(m1 - r, xp + r * ldx, ldx, K2, w, bg, yg + r * N, N, cols);
       }
     }
   });
 }
 #endif
 
-at::Tensor gemm(const at::Tensor& x, const at::Tensor& panels, int64_t N, const c10::optional<at::Tensor>& bias) {
+// y = x . W^T + bias (glu false), or silu(gate) * up of it (glu true, panels from
+// gemm_pack_glu, N = I, bias [2 I] as the weight's rows).
+at::Tensor gemm_any(const at::Tensor& x, const at::Tensor& panels, int64_t N, const c10::optional<at::Tensor>& bias,
+                    bool glu) {
   const auto dtype = x.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "gemm: x is bf16 or fp32");
   TORCH_CHECK(gemm_available(dtype), "gemm needs AVX-512 (and AVX512_BF16 for bf16)");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "gemm: x is [M, K], rows dense");
-  const int64_t kp = k_step(dtype);
+  const int64_t kp = k_step(dtype), width = glu ? H : NR;
   TORCH_CHECK(panels.dim() == 4 && panels.size(2) == NR && panels.size(3) == kp && panels.is_contiguous() &&
                   panels.scalar_type() == dtype, "gemm: panels from gemm_pack, in x's dtype");
   const int64_t M = x.size(0), K = x.size(1), K2 = panels.size(1), G = panels.size(0);
-  TORCH_CHECK(K == kp * K2 && N > (G - 1) * NR && N <= G * NR, "gemm: x and the panels disagree on the shape");
+  TORCH_CHECK(K == kp * K2 && N > (G - 1) * width && N <= G * width, "gemm: x and the panels disagree on the shape");
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) return y;
-  std::vector<float> acc0;  // the bias per channel, in fp32, padded to whole panels; empty without one
+  std::vector<float> acc0;  // the bias per panel channel, in fp32; empty without one
   if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == N, "gemm: bias has N values");
+    const int64_t rows = glu ? 2 * N : N;
+    TORCH_CHECK(bias->numel() == rows, "gemm: bias has one value per weight row");
     const at::Tensor b = bias->to(at::kFloat).contiguous();
+    const float* bp = b.data_ptr<float>();
     acc0.assign(G * NR, 0.f);
-    std::copy_n(b.data_ptr<float>(), N, acc0.begin());
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t c = 0; c < NR; ++c) {
+        const int64_t ch = glu ? g * H + c % H : g * NR + c;
+        if (ch < N) acc0[g * NR + c] = bp[glu && c >= H ? N + ch : ch];
+      }
   }
   const float* b0 = acc0.empty() ? nullptr : acc0.data();
 #if defined(__AVX512BF16__)
-  if (dtype == at::kBFloat16) run<Bf16>(x, panels, N, b0, y);
+  if (dtype == at::kBFloat16) (glu ? run<Bf16, true> : run<Bf16, false>)(x, panels, N, b0, y);
 #endif
 #if defined(__AVX512F__)
-  if (dtype == at::kFloat) run<F32>(x, panels, N, b0, y);
+  if (dtype == at::kFloat) (glu ? run<F32, true> : run<F32, false>)(x, panels, N, b0, y);
 #endif
   return y;
+}
+
+at::Tensor gemm(const at::Tensor& x, const at::Tensor& panels, int64_t N, const c10::optional<at::Tensor>& bias) {
+  return gemm_any(x, panels, N, bias, false);
+}
+
+at::Tensor gemm_glu(const at::Tensor& x, const at::Tensor& panels, int64_t N, const c10::optional<at::Tensor>& bias) {
+  return gemm_any(x, panels, N, bias, true);
 }
 
 }  // namespace
@@ -193,11 +275,15 @@ TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
   m.def("gemm_available(ScalarType dtype) -> bool");
   m.def("gemm_pack(Tensor weight) -> Tensor");
   m.def("gemm(Tensor x, Tensor panels, int n, Tensor? bias) -> Tensor");
+  m.def("gemm_pack_glu(Tensor weight) -> Tensor");
+  m.def("gemm_glu(Tensor x, Tensor panels, int n, Tensor? bias) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
   m.impl("gemm_pack", &gemm_pack);
   m.impl("gemm", &gemm);
+  m.impl("gemm_pack_glu", &gemm_pack_glu);
+  m.impl("gemm_glu", &gemm_glu);
 }
 
 TORCH_LIBRARY_IMPL(pagedserve, CatchAll, m) { m.impl("gemm_available", &gemm_available); }
