@@ -34,6 +34,16 @@ def gguf_llm() -> LLM:
     return LLM(quantization="gguf", **KW)
 
 
+def dense_weight(dense) -> torch.Tensor:
+    """The fp32 path's packed weight, unpacked: through an identity input, or for a gate/up
+    packed with its activation (gemm_pack_glu) from the panels, 24 gate then 24 up rows each."""
+    if not getattr(dense, "glu", False):
+        return dense(torch.eye(dense.in_features)).T
+    p = dense.panels[..., 0].transpose(1, 2)  # [panels, 48 channels, K]
+    rows, k = dense.out_features, dense.in_features
+    return torch.cat([p[:, :24].reshape(-1, k)[:rows], p[:, 24:].reshape(-1, k)[:rows]])
+
+
 def model_of(llm: LLM):
     return llm.engine.executor.runner.model
 
@@ -44,8 +54,7 @@ def test_gguf_weights_are_the_files_blocks_with_the_fp32_paths_values(fp32, gguf
     assert not any(p.dtype == torch.float32 and p.numel() > 1e6 for p in q.parameters())  # no fp32 copy
     for i in (0, 17, len(ref.layers) - 1):
         for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
-            dense = ref.layers[i].get_submodule(name)
-            want = dense(torch.eye(dense.in_features)).T  # the packed weight, unpacked
+            want = dense_weight(ref.layers[i].get_submodule(name))
             mod = q.layers[i].get_submodule(name)
             assert mod.qtype == quant.Q4_1
             torch.testing.assert_close(mod.dequantized(), want, rtol=0, atol=0)
