@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp", CSRC / "quant.cpp", CSRC / "qgemm.cpp",
-           CSRC / "gemm.cpp"]
+           CSRC / "gemm.cpp", CSRC / "sample.cpp"]
 HEADERS = sorted(CSRC.glob("*.h"))  # every header: a list by hand missed prefill512.h
 _state: dict[str, object] = {}
 _ops: dict[str, object] = {}  # name -> op, once loaded (a decode step makes ~300 calls)
@@ -127,6 +127,10 @@ def _register_fakes() -> None:
     @torch.library.register_fake(lib + "gemm_glu")
     def _(x, panels, n, bias):
         return x.new_empty(x.shape[0], n)
+
+    @torch.library.register_fake(lib + "argmax_rows")
+    def _(logits):
+        return logits.new_empty(logits.shape[0], dtype=torch.long)
 
 
 def available() -> bool:
@@ -234,6 +238,13 @@ def gemm_glu(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor |
     """silu(gate) * up [M, n] of x . W^T (+ bias), W as gemm_pack_glu made it: the GEMM and
     silu_mul in one pass, with the same bits as the two."""
     return op("gemm_glu")(x, panels, n, bias)
+
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(logits, dim=-1) for fp32 [rows, vocab] logits, the same indices (the
+    first of equal values, a NaN as the largest), with the rows split over the threads."""
+    return op("argmax_rows")(logits)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import torch
 
 from engine.sampler import Sampler, SamplingRow, apply_penalties, inverse_cdf, make_generator, top_k_top_p
 from engine.sampling_params import SamplingParams
+from kernels import cpu
 
 pytestmark = pytest.mark.unit
 
@@ -60,6 +61,37 @@ def test_greedy_is_argmax_and_uses_no_randomness() -> None:
     out = s(logits, rows)
     assert out.token_ids == logits.argmax(dim=-1).tolist() and out.token_ids[3] == 5
     assert torch.equal(s.generator.get_state(), before) and torch.equal(gen.get_state(), own)
+
+
+@pytest.mark.parametrize("vocab", [1, 5, 16, 17, 49152, 49155])
+def test_the_native_argmax_gives_torchs_indices(vocab: int) -> None:
+    """Greedy rows on CPU take kernels/csrc/sample.cpp: ties go to the lower id, a NaN
+    counts as the largest (its first one), an all -inf row gives 0, as torch.argmax."""
+    x = random_logits(12, seed=vocab, vocab=vocab)
+    x[1] = -torch.inf
+    x[2] = 3.0
+    if vocab > 3:
+        x[3, vocab // 2] = x[3, vocab - 1] = float("nan")
+        x[4, vocab - 1] = x[4].max() + 1
+        x[5, 2] = x[5, vocab - 2] = x[5].max() + 1
+        x[6] = float("nan")
+        x[7, 0] = x[7, vocab - 1] = torch.inf
+    assert torch.equal(cpu.argmax_rows(x), x.argmax(dim=-1))
+    assert torch.equal(cpu.argmax_rows(x[:, :0].new_empty(0, vocab)), torch.empty(0, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="fp32 logits"):
+        cpu.argmax_rows(x.double())
+
+
+def test_processing_leaves_the_logits_as_they_were() -> None:
+    """Rows without a rule read the logits in place; a rule on any row works on a copy."""
+    logits = random_logits(3, seed=4)
+    before = logits.clone()
+    s = Sampler([EOS])
+    plain = s(logits, [row(temperature=0.0) for _ in range(3)])
+    biased = s(logits, [row(temperature=0.0), row(temperature=0.0, logit_bias={7: 100.0}), row(temperature=0.0)])
+    assert torch.equal(logits, before)
+    assert plain.token_ids == logits.argmax(dim=-1).tolist()
+    assert biased.token_ids == [plain.token_ids[0], 7, plain.token_ids[2]]
 
 
 def test_greedy_rows_unaffected_by_random_neighbours() -> None:
