@@ -168,6 +168,8 @@ class ModelRunner:
         self.backend = backend
         self.cores = cores
         self._threads_bound = not backend.pins_threads  # pinned on first use, by the thread that steps
+        if device.type == "cpu":
+            kernels.cpu.keep_freed_memory()
         num_kv = model.layers[0].self_attn.num_kv_heads if len(model.layers) else 0
         shape = (num_blocks, block_size, num_kv, head_dim(model.config))
         self.kv_caches = [

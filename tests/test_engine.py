@@ -171,3 +171,39 @@ def test_config_errors_name_the_key():
         EngineConfig.create(block_size=12)
     with pytest.raises(ValueError, match="not found"):
         EngineConfig.from_preset("no-such-preset")
+
+
+FAULTS = """
+import resource, sys
+from kernels import cpu
+if sys.argv[2] == "off":
+    cpu.keep_freed_memory = lambda: False
+from engine import LLM, SamplingParams
+llm = LLM(sys.argv[1], dtype="float32", max_num_seqs=64, enable_prefix_caching=False)
+prompts = [[100 + i] * (8 + 5 * i) for i in range(64)]
+params = [SamplingParams(temperature=0, max_tokens=8 + i, ignore_eos=True) for i in range(64)]
+llm.generate(prompts, params, use_tqdm=False)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+llm.generate(prompts, params, use_tqdm=False)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_a_warm_engine_reuses_its_step_buffers_instead_of_faulting_them_in(tiny_model_factory):
+    """glibc hands large freed blocks (a step's logits: rows x 49,152 floats) back to the OS
+    and faults them in again on the next step; kernels.cpu.keep_freed_memory keeps them.
+    The same workload run twice on a warm engine, in fresh processes with and without it."""
+    import os
+    import subprocess
+    import sys
+
+    model = tiny_model_factory("faults", num_hidden_layers=4, hidden_size=128, num_attention_heads=2,
+                               num_key_value_heads=1, intermediate_size=256)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    faults = {}
+    for mode in ("on", "off"):
+        res = subprocess.run([sys.executable, "-c", FAULTS, str(model), mode], capture_output=True, text=True,
+                             timeout=300, cwd=root)
+        assert res.returncode == 0, res.stderr[-3000:]
+        faults[mode] = int(res.stdout.split()[-1])
+    assert faults["on"] * 3 < faults["off"], faults
