@@ -184,9 +184,10 @@ def bind_threads(cores: list[int] | None = None) -> int:
 def keep_freed_memory() -> bool:
     """Have glibc keep freed blocks of up to 32 MB mapped, as tcmalloc (which vLLM's CPU
     docs preload) does. By default it hands large freed blocks back to the OS and maps
-    them afresh on the next step: the offline workload took 120-150 thousand page faults
-    a run on a step's activations and logits (up to 12.6 MB each), about 0.4 s of
-    kernel time; with this, none. Whole-process; False where libc is not glibc."""
+    them afresh on the next step: a warm run of the offline workload took 66-149
+    thousand page faults on a step's activations and logits (up to 12.6 MB each),
+    0.25-0.48 s of kernel time; with this, 9-15. Whole-process; False where libc is
+    not glibc."""
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
@@ -253,7 +254,6 @@ def gemm_glu(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor |
     """silu(gate) * up [M, n] of x . W^T (+ bias), W as gemm_pack_glu made it: the GEMM and
     silu_mul in one pass, with the same bits as the two."""
     return op("gemm_glu")(x, panels, n, bias)
-
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,9 @@
 // a pair of k side by side, as vdpbf16ps takes them) and 1 in fp32, and R rows run over
 // it in an R x NR register tile: per step of k, NV weight loads, one broadcast per row,
 // R * NV products. The weights stream once, in order, whatever the row count.
+// gemm_glu runs the same tile over a gate/up weight packed in pairs of half panels
+// (gemm_pack_glu) and writes silu(gate) * up from the accumulators: the MLP's [M, 2 I]
+// product is never stored.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -71,15 +74,15 @@ at::Tensor gemm_pack(const at::Tensor& w) {
 }
 
 // A gate/up weight [2 I, K] (gate rows, then up rows) for gemm_glu: panel g holds gate
-// channels [H g, H g + H) then the same up channels, H = NR / 2, so that one tile has both
+// channels [HALF g, HALF g + HALF) then the same up channels, so that one tile has both
 // halves of its outputs.
-constexpr int64_t H = NR / 2;
+constexpr int64_t HALF = NR / 2;
 at::Tensor gemm_pack_glu(const at::Tensor& w) {
   TORCH_CHECK(w.dim() == 2 && w.size(0) % 2 == 0, "gemm_pack_glu: a [2 I, K] gate/up weight");
   const int64_t I = w.size(0) / 2;
-  return pack_panels(w, (I + H - 1) / H, [I](int64_t g, int64_t c) {
-    const int64_t ch = g * H + c % H;
-    return ch < I ? (c < H ? ch : I + ch) : -1;
+  return pack_panels(w, (I + HALF - 1) / HALF, [I](int64_t g, int64_t c) {
+    const int64_t ch = g * HALF + c % HALF;
+    return ch < I ? (c < HALF ? ch : I + ch) : -1;
   });
 }
 
@@ -129,7 +132,7 @@ struct Bf16 {
 };
 #endif
 
-// silu(gate) * up for the H outputs of a row of a gemm_pack_glu panel: a[0] holds gate
+// silu(gate) * up for the HALF outputs of a row of a gemm_pack_glu panel: a[0] holds gate
 // 0-15, a[1] gate 16-23 then up 0-7, a[2] up 8-23. Rounded where the unfused path rounds
 // (the GEMM's outputs, then fused.cpp's silu_mul: the activation, the product), so the
 // result is the same to the bit.
@@ -151,7 +154,7 @@ inline void glu(const __m512* a, typename E::T* dst) {
   M last[16];
   pagedserve::store16(d, out[0]);
   pagedserve::store16(last, out[1]);
-  std::copy_n(last, H - 16, d + 16);
+  std::copy_n(last, HALF - 16, d + 16);
 }
 
 // RR rows of x (ldx apart) against one panel of K2 steps; y gets the first `cols` outputs
@@ -172,7 +175,7 @@ __attribute__((noinline)) void tile(const typename E::T* x, int64_t ldx, int64_t
       for (int v = 0; v < NV; ++v) acc[r][v] = E::mul_add(acc[r][v], b, wv[v]);
     }
   }
-  constexpr int64_t width = Glu ? H : NR;
+  constexpr int64_t width = Glu ? HALF : NR;
   for (int r = 0; r < RR; ++r) {
     typename E::T out[NR];
     typename E::T* dst = cols == width ? y + r * ldy : out;
@@ -196,7 +199,7 @@ void tail(int64_t left, const typename E::T* x, int64_t ldx, int64_t K2, const t
   }
 }
 
-// y [M, N] from x and the panels; with Glu, N is I and each panel gives H outputs.
+// y [M, N] from x and the panels; with Glu, N is I and each panel gives HALF outputs.
 template <class E, bool Glu>
 void run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* b0, at::Tensor& y) {
   using T = typename E::T;
@@ -209,7 +212,7 @@ void run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* 
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
       const int64_t m1 = std::min(M, m0 + MB);
       for (int64_t g = g0; g < g1; ++g) {
-        constexpr int64_t width = Glu ? H : NR;
+        constexpr int64_t width = Glu ? HALF : NR;
         const T* w = wp + g * panel;
         const int64_t cols = std::min(width, N - g * width);
         const float* bg = b0 ? b0 + g * NR : nullptr;
@@ -231,7 +234,7 @@ at::Tensor gemm_any(const at::Tensor& x, const at::Tensor& panels, int64_t N, co
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "gemm: x is bf16 or fp32");
   TORCH_CHECK(gemm_available(dtype), "gemm needs AVX-512 (and AVX512_BF16 for bf16)");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "gemm: x is [M, K], rows dense");
-  const int64_t kp = k_step(dtype), width = glu ? H : NR;
+  const int64_t kp = k_step(dtype), width = glu ? HALF : NR;
   TORCH_CHECK(panels.dim() == 4 && panels.size(2) == NR && panels.size(3) == kp && panels.is_contiguous() &&
                   panels.scalar_type() == dtype, "gemm: panels from gemm_pack, in x's dtype");
   const int64_t M = x.size(0), K = x.size(1), K2 = panels.size(1), G = panels.size(0);
@@ -247,8 +250,8 @@ at::Tensor gemm_any(const at::Tensor& x, const at::Tensor& panels, int64_t N, co
     acc0.assign(G * NR, 0.f);
     for (int64_t g = 0; g < G; ++g)
       for (int64_t c = 0; c < NR; ++c) {
-        const int64_t ch = glu ? g * H + c % H : g * NR + c;
-        if (ch < N) acc0[g * NR + c] = bp[glu && c >= H ? N + ch : ch];
+        const int64_t ch = glu ? g * HALF + c % HALF : g * NR + c;
+        if (ch < N) acc0[g * NR + c] = bp[glu && c >= HALF ? N + ch : ch];
       }
   }
   const float* b0 = acc0.empty() ? nullptr : acc0.data();
