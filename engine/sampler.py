@@ -139,8 +139,9 @@ class Sampler:
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
-    """Each row's most likely token: the native kernel on CPU logits (the same indices as
-    torch's, about a tenth of its time at 64 x 49,152), torch's elsewhere."""
+    """Each row's most likely token: the native kernel on CPU fp32 logits (the same indices
+    as torch's; greedy sampling of 64 x 49,152 took 0.3 ms with it against 3.7 ms before,
+    `scripts/bench_sampler.py`, with the copy `process` no longer makes), torch's elsewhere."""
     if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] and cpu_kernels.available():
         return cpu_kernels.argmax_rows(x)
     return x.argmax(dim=-1)

@@ -48,7 +48,6 @@ class StepProfile:
         self._wrap(F, "linear", "gemm")
         self._wrap(packed_linear, "linear", "gemm")
         self._wrap(packed_linear, "panel_linear", "gemm")
-        self._wrap(packed_linear, "glu_linear", "gemm")  # gate/up with its activation
         self._wrap(quant, "qlinear", "gemm")  # quantized weights (engine/models/quantize.py)
         self._wrap(engine_module, "prepare", "input preparation")
         self._wrap(eng.executor.runner, "model", "model forward")  # rank 0's part under parallelism

@@ -48,18 +48,15 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> 
     return out[:m] if pad else out
 
 
-def panel_linear(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """One native GEMM (module-level so profilers can wrap it). It keeps no state per row
-    count, so rows are never padded."""
+def panel_linear(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None,
+                 glu: bool = False) -> torch.Tensor:
+    """One native GEMM (module-level so profilers can wrap it); with glu, on gemm_pack_glu's
+    panels, silu(gate) * up of it. It keeps no state per row count, so rows are never padded."""
+    gemm = cpu.gemm_glu if glu else cpu.gemm
     if x.dim() == 2 and x.stride(1) == 1:
-        return cpu.gemm(x, panels, n, bias)
+        return gemm(x, panels, n, bias)
     flat = x.reshape(-1, x.shape[-1]).contiguous()
-    return cpu.gemm(flat, panels, n, bias).view(*x.shape[:-1], n)
-
-
-def glu_linear(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """One native GEMM with silu(gate) * up in its epilogue (module-level, as panel_linear)."""
-    return cpu.gemm_glu(x, panels, n, bias)
+    return gemm(flat, panels, n, bias).view(*x.shape[:-1], n)
 
 
 def glu_available(dtype: torch.dtype) -> bool:
@@ -93,11 +90,8 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else bias.detach().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.glu:
-            return glu_linear(x.reshape(-1, self.in_features).contiguous(), self.panels, self.out_features,
-                              self.bias).view(*x.shape[:-1], self.out_features)
         if self.panels is not None:
-            return panel_linear(x, self.panels, self.out_features, self.bias)
+            return panel_linear(x, self.panels, self.out_features, self.bias, self.glu)
         return linear(x, self.packed, self.bias)
 
 

@@ -1,8 +1,7 @@
 // Greedy sampling's argmax on the CPU: per row of fp32 logits, the first index of the
 // largest value, a NaN counting as the largest (torch.argmax's answer, so greedy output
-// is unchanged). torch's reduction ran one row at a time on one thread, 0.9 ms for 64
-// rows of SmolLM2's 49,152 logits; here the rows are split over the threads and read
-// sixteen lanes at a time.
+// is unchanged). torch's took 0.9 ms a step on average over the offline workload (torch
+// profiler); here the rows are split over the threads and read sixteen lanes at a time.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -50,7 +49,7 @@ int64_t argmax_row(const float* x, int64_t n) {
 #endif
   for (; i < n; ++i) {
     if (std::isnan(x[i])) return first_nan(x, n);
-    if (x[i] > top || (i == 0)) {
+    if (i == 0 || x[i] > top) {
       top = x[i];
       best = i;
     }
