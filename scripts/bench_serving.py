@@ -2,12 +2,13 @@
 """Serving benchmark: streaming load against OpenAI-compatible servers, ours and a peer.
 
 Our client sends streaming `/v1/completions` requests with token-id prompts (so every
-server sees exactly the same tokens), `ignore_eos`, greedy, and measures per request the
-time to first token (TTFT), the gaps between streamed chunks (ITL), time per output
-token after the first (TPOT) and end-to-end latency; per load level the output tok/s
-and the goodput under an SLO. Load is a fixed concurrency (a sweep, which always
-includes c=1 for the batch-1 inter-token latency) or Poisson arrivals. `--clients
-ours,vllm` also drives each server with vLLM's own load generator (`vllm bench serve`:
+server sees exactly the same tokens), `ignore_eos`, greedy, over scripts/sse_client.py
+(it shares the server's cores, so it is kept lean), and measures per request the time to
+first token (TTFT), the gaps between streamed chunks (ITL), time per output token after
+the first (TPOT) and end-to-end latency; per load level the output tok/s and the
+goodput under an SLO. Load is a fixed concurrency (a sweep, which always includes c=1
+for the batch-1 inter-token latency) or Poisson arrivals. `--clients ours,vllm` also
+drives each server with vLLM's own load generator (`vllm bench serve`:
 text prompts, the server's default sampling), as a vLLM user would measure it; both
 clients' records go through the same summary.
 
@@ -43,12 +44,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench_throughput import workload as synthetic_workload  # noqa: E402  (scripts/ is on sys.path)
+from sse_client import HTTPStatusError, sse_post  # noqa: E402
 from servers import VLLM_PYTHON, all_cores, start_llama, start_ours, start_vllm, stop, wait_ready  # noqa: E402
 
 PERCENTILES = (50, 90, 99)
@@ -85,37 +86,32 @@ def make_workload(args, vocab: int) -> list[tuple[list[int], int]]:
 
 
 # -- one request ----------------------------------------------------------------------
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int
-                      ) -> Result:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+async def one_request(url: str, model: str, prompt: list[int], max_tokens: int) -> Result:
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}).encode()
     start = time.perf_counter()
     last = start
     res = Result(ok=False)
     chunks = 0
     try:
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+        async for payload in sse_post(url + "/v1/completions", body):
+            if payload == b"[DONE]":
+                continue
+            data = json.loads(payload)
+            if "error" in data:
+                res.error = str(data["error"])[:200]
                 return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[6:])
-                if "error" in data:
-                    res.error = str(data["error"])[:200]
-                    return res
-                if data.get("usage"):
-                    res.output_tokens = data["usage"]["completion_tokens"]
-                if data.get("choices") and data["choices"][0].get("text"):
-                    now = time.perf_counter()
-                    if chunks == 0:
-                        res.ttft = now - start
-                    else:
-                        res.itls.append(now - last)
-                    last = now
-                    chunks += 1
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            if data.get("usage"):
+                res.output_tokens = data["usage"]["completion_tokens"]
+            if data.get("choices") and data["choices"][0].get("text"):
+                now = time.perf_counter()
+                if chunks == 0:
+                    res.ttft = now - start
+                else:
+                    res.itls.append(now - last)
+                last = now
+                chunks += 1
+    except (OSError, asyncio.IncompleteReadError, HTTPStatusError, ValueError) as exc:
         res.error = repr(exc)[:200]
         return res
     res.e2e = time.perf_counter() - start
@@ -129,24 +125,21 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
 async def run_level(url: str, model: str, reqs, concurrency: int | None, rate: float | None, seed: int
                     ) -> tuple[list[Result], float]:
     """All requests at a fixed concurrency, or with Poisson arrivals at `rate` per second."""
-    limits = httpx.Limits(max_connections=max(concurrency or 0, 256), max_keepalive_connections=256)
-    timeout = httpx.Timeout(3600.0)
     rng = np.random.default_rng(seed)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        sem = asyncio.Semaphore(concurrency or len(reqs))
+    sem = asyncio.Semaphore(concurrency or len(reqs))
 
-        async def limited(prompt, n):
-            async with sem:
-                return await one_request(client, url, model, prompt, n)
+    async def limited(prompt, n):
+        async with sem:
+            return await one_request(url, model, prompt, n)
 
-        start = time.perf_counter()
-        tasks = []
-        for prompt, n in reqs:
-            tasks.append(asyncio.create_task(limited(prompt, n)))
-            if rate:
-                await asyncio.sleep(float(rng.exponential(1.0 / rate)))
-        results = await asyncio.gather(*tasks)
-        return list(results), time.perf_counter() - start
+    start = time.perf_counter()
+    tasks = []
+    for prompt, n in reqs:
+        tasks.append(asyncio.create_task(limited(prompt, n)))
+        if rate:
+            await asyncio.sleep(float(rng.exponential(1.0 / rate)))
+    results = await asyncio.gather(*tasks)
+    return list(results), time.perf_counter() - start
 
 
 def summarize(results: list[Result], duration: float, slo_ttft: float, slo_tpot: float) -> dict:
