@@ -84,7 +84,8 @@ _RESOURCES = {k: v for k, v in PRESET.service.resources.model_dump().items() if 
 
 @bentoml.asgi_app(create_app(_current_serving, PRESET.service.max_body_bytes, PRESET.service.request_timeout,
                              PRESET.service.unknown_fields), path="/")
-@bentoml.service(name="pagedserve", traffic=_TRAFFIC, workers=PRESET.service.workers, resources=_RESOURCES)
+@bentoml.service(name="pagedserve", traffic=_TRAFFIC, workers=PRESET.service.workers, resources=_RESOURCES,
+                 tracing={"excluded_urls": [tracing.GENERATION_ROUTES]})
 class LLMService:
     if MODEL_REF is not None:
         model_ref = MODEL_REF  # resolved to the stored model (and shipped in the Bento)

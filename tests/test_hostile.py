@@ -333,6 +333,36 @@ def test_each_request_is_one_span_that_joins_the_callers_trace(thread_app):
     assert all(s.parent is None and s.context.trace_id != chat.context.trace_id for s in others)
 
 
+def test_bentomls_http_tracing_skips_only_the_routes_that_generate(thread_app):
+    """BentoML wraps the app in OpenTelemetry's ASGI middleware, which records a span per
+    ASGI message, so one per streamed token; service.py hands it tracing.GENERATION_ROUTES
+    to skip, as the engine's own span stands for those requests. Other routes keep theirs."""
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.util.http import ExcludeList
+    from starlette.testclient import TestClient
+
+    from engine.serving.tracing import GENERATION_ROUTES
+
+    tc, _ = thread_app
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()  # the middleware's own, as BentoML passes it its own
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    client = TestClient(OpenTelemetryMiddleware(tc.app, excluded_urls=ExcludeList([GENERATION_ROUTES]),
+                                                tracer_provider=provider))
+    r = client.post("/v1/completions", json={"prompt": "one", "max_tokens": 4, "stream": True})
+    assert r.status_code == 200 and r.text.count("data: ") >= 5 and r.text.endswith("data: [DONE]\n\n")
+    r = client.post("/v1/chat/completions", json={**VALID["/v1/chat/completions"], "max_tokens": 2})
+    assert r.status_code == 200
+    assert exporter.get_finished_spans() == ()
+    assert client.get("/v1/models").status_code == 200
+    assert client.get("/v1/responses/resp_unknown").status_code == 404
+    names = {s.name for s in exporter.get_finished_spans()}
+    assert {"GET /v1/models", "GET /v1/models http send", "GET /v1/responses/resp_unknown"} <= names
+
+
 def test_a_request_past_its_deadline_is_aborted_with_a_clear_error(thread_app):
     import time
 

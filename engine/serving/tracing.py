@@ -22,6 +22,13 @@ TRACER = "pagedserve"
 # The HTTP request's X-Request-Id (engine/serving/app.py sets it), for logs and spans.
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+# The routes that generate, for BentoML's `tracing.excluded_urls` (a regex searched in the
+# request's URL). BentoML's OpenTelemetry middleware records a server span per request
+# and one more span per ASGI message, even with sampling off: on a stream, a span per
+# token. At c=64 those took about 40% of the HTTP worker's CPU per token (session 20),
+# time taken from the engine's cores. The engine's own span (start_span) stands for the
+# request and continues the caller's trace; every other route keeps BentoML's spans.
+GENERATION_ROUTES = r"/(v1/completions|v1/chat/completions|v1/responses|generate|chat)/?(\?|$)"
 
 
 def setup_from_env(service_name: str = "pagedserve") -> bool:
