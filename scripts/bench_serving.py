@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -94,23 +95,24 @@ async def one_request(url: str, model: str, prompt: list[int], max_tokens: int) 
     res = Result(ok=False)
     chunks = 0
     try:
-        async for payload in sse_post(url + "/v1/completions", body):
-            if payload == b"[DONE]":
-                continue
-            data = json.loads(payload)
-            if "error" in data:
-                res.error = str(data["error"])[:200]
-                return res
-            if data.get("usage"):
-                res.output_tokens = data["usage"]["completion_tokens"]
-            if data.get("choices") and data["choices"][0].get("text"):
-                now = time.perf_counter()
-                if chunks == 0:
-                    res.ttft = now - start
-                else:
-                    res.itls.append(now - last)
-                last = now
-                chunks += 1
+        async with contextlib.aclosing(sse_post(url + "/v1/completions", body)) as events:
+            async for payload in events:
+                if payload == b"[DONE]":
+                    continue
+                data = json.loads(payload)
+                if "error" in data:
+                    res.error = str(data["error"])[:200]
+                    return res
+                if data.get("usage"):
+                    res.output_tokens = data["usage"]["completion_tokens"]
+                if data.get("choices") and data["choices"][0].get("text"):
+                    now = time.perf_counter()
+                    if chunks == 0:
+                        res.ttft = now - start
+                    else:
+                        res.itls.append(now - last)
+                    last = now
+                    chunks += 1
     except (OSError, asyncio.IncompleteReadError, HTTPStatusError, ValueError) as exc:
         res.error = repr(exc)[:200]
         return res
