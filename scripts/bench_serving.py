@@ -8,9 +8,9 @@ first token (TTFT), the gaps between streamed chunks (ITL), time per output toke
 the first (TPOT) and end-to-end latency; per load level the output tok/s and the
 goodput under an SLO. Load is a fixed concurrency (a sweep, which always includes c=1
 for the batch-1 inter-token latency) or Poisson arrivals. `--clients ours,vllm` also
-drives each server with vLLM's own load generator (`vllm bench serve`:
-text prompts, the server's default sampling), as a vLLM user would measure it; both
-clients' records go through the same summary.
+drives each server with vLLM's own load generator (`vllm bench serve`: text prompts,
+the server's default sampling), as a vLLM user would measure it; both clients' records
+go through the same summary.
 
 Servers (scripts/servers.py): `--url` measures one that is already running; otherwise
 `--servers` starts ours (`bentoml serve` on a preset written from the flags,

@@ -200,10 +200,16 @@ def test_a_warm_engine_reuses_its_step_buffers_instead_of_faulting_them_in(tiny_
     model = tiny_model_factory("faults", num_hidden_layers=4, hidden_size=128, num_attention_heads=2,
                                num_key_value_heads=1, intermediate_size=256)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    faults = {}
-    for mode in ("on", "off"):
-        res = subprocess.run([sys.executable, "-c", FAULTS, str(model), mode], capture_output=True, text=True,
-                             timeout=300, cwd=root)
-        assert res.returncode == 0, res.stderr[-3000:]
-        faults[mode] = int(res.stdout.split()[-1])
+    # Faults from outside only add: a host that pages out cold memory (this VM runs DAMON
+    # with a pageout scheme) once put 2,685 on a run with it, against 15 on the others.
+    # So each side counts its fewest over up to three rounds.
+    faults: dict[str, int] = {}
+    for _ in range(3):
+        for mode in ("on", "off"):
+            res = subprocess.run([sys.executable, "-c", FAULTS, str(model), mode], capture_output=True, text=True,
+                                 timeout=300, cwd=root)
+            assert res.returncode == 0, res.stderr[-3000:]
+            faults[mode] = min(faults.get(mode, 1 << 62), int(res.stdout.split()[-1]))
+        if faults["on"] * 3 < faults["off"]:
+            break
     assert faults["on"] * 3 < faults["off"], faults
