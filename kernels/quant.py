@@ -51,6 +51,13 @@ def qlinear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, qtype
     return cpu.op("qlinear")(x, w, scales, qtype, k, KERNELS[kernel])
 
 
+def few_rows_available(qtype: int, k: int) -> bool:
+    """Whether this build streams qtype's blocks in the few-rows kernel (AVX2 and FMA; Q4_0,
+    Q4_1, Q8_0, or int8 rows with K a multiple of 32). Where it does not, every row count
+    takes the many-rows kernel."""
+    return cpu.available() and bool(cpu.op("few_rows_fit")(qtype, k))
+
+
 def dequant_rows(w: torch.Tensor, scales: torch.Tensor | None, ids: torch.Tensor, qtype: int, k: int
                  ) -> torch.Tensor:
     return cpu.op("dequant_rows")(w, scales, ids, qtype, k)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.packed_linear import PackedLinear, glu_available
+from engine.models.packed_linear import PackedLinear, glu_available, supported
 from kernels import cpu
 
 pytestmark = pytest.mark.unit
@@ -77,8 +77,16 @@ def test_a_row_does_not_depend_on_its_batch(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_packed_linear_takes_the_native_gemm_where_built(dtype):
+    """Native panels where the build has them, oneDNN's packing elsewhere, and where this CPU
+    has neither for dtype (bf16 on AVX2) a refusal naming it: the loader asks `supported`
+    first and keeps nn.Linear there (test_a_cpu_that_cannot_pack_bf16_keeps_plain_linears)."""
     gen = torch.Generator().manual_seed(2)
     w = torch.randn(96, 64, generator=gen).to(dtype)
+    if not supported(torch.device("cpu"), dtype):
+        assert dtype == BF16  # fp32 packs on every CPU oneDNN runs on
+        with pytest.raises(ValueError, match="cannot pack torch.bfloat16"):
+            PackedLinear(w, None)
+        return
     layer = PackedLinear(w, None)
     native = cpu.gemm_available(dtype)
     assert (layer.panels is not None) == native and (layer.packed is None) == native
@@ -145,3 +153,4 @@ def test_packed_linear_glu_returns_the_activation():
     assert not glu_available(BF16)  # bf16 keeps the separate pass (packed_linear.glu_available)
     with pytest.raises(ValueError, match="native fp32 GEMM"):
         PackedLinear(w.to(BF16), None, glu=True)
+

@@ -86,7 +86,11 @@ class PackedLinear(nn.Module):
         elif cpu.gemm_available(w.dtype) and (w.dtype != torch.bfloat16 or self.in_features % 2 == 0):
             self.panels = cpu.gemm_pack(w)
         else:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(w)
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(w)
+            except RuntimeError as exc:  # bf16 without AVX-512 or AVX-NE-CONVERT
+                raise ValueError(f"this CPU cannot pack {w.dtype} weights (see `supported`): "
+                                 f"{str(exc).splitlines()[0]}") from exc
         self.bias = None if bias is None else bias.detach().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -96,9 +100,14 @@ class PackedLinear(nn.Module):
 
 
 def supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """oneDNN packs fp32 everywhere, bf16 only on CPUs with native bf16 conversion."""
+    """Whether PackedLinear takes dtype on this device. The native GEMM packs fp32 on AVX-512
+    and bf16 on AVX512_BF16; oneDNN packs fp32 everywhere and bf16 only on CPUs with AVX-512
+    (BW, VL, DQ) or AVX-NE-CONVERT. Elsewhere (bf16 on an AVX2 CPU) the model keeps
+    nn.Linear, whose bf16 GEMM ATen runs on any CPU."""
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return False
+    if cpu.gemm_available(dtype):
+        return True
     if not torch.backends.mkldnn.is_available():
         return False
     try:

@@ -288,11 +288,14 @@ at::Tensor dequant_rows(const at::Tensor& w, const c10::optional<at::Tensor>& sc
 TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
   m.def("qlinear(Tensor x, Tensor w, Tensor? scales, int qtype, int K, int kernel=0) -> Tensor");
   m.def("dequant_rows(Tensor w, Tensor? scales, Tensor ids, int qtype, int K) -> Tensor");
+  m.def("few_rows_fit(int qtype, int K) -> bool");
 }
 
 TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
   m.impl("qlinear", &qlinear);
   m.impl("dequant_rows", &dequant_rows);
 }
+
+TORCH_LIBRARY_IMPL(pagedserve, CatchAll, m) { m.impl("few_rows_fit", &few_rows_fit); }
 
 }  // namespace pagedserve
