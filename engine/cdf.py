@@ -28,7 +28,8 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     target = target - torch.where(j > 0, cdf.gather(1, (j - 1).clamp_min(0)), 0.0)
     inner = parts[torch.arange(rows, device=probs.device), j[:, 0]].double().cumsum(dim=-1)
     i = torch.searchsorted(inner, _below(target, inner[:, -1:]), right=True).clamp_max_(block - 1)
-    return (j * block + i)[:, 0]
+    # A row of NaNs (which the sampler ends, sampler.not_finite) would land in the padding.
+    return (j * block + i)[:, 0].clamp_max_(vocab - 1)
 
 
 def _below(target: torch.Tensor, total: torch.Tensor) -> torch.Tensor:

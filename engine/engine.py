@@ -126,7 +126,7 @@ class LLMEngine:
         token_ids = self.tokenize(prompt)
         admitted = intake.admit(token_ids, params, vocab_size=self.hf_config.vocab_size,
                                 max_model_len=self.max_model_len, max_num_seqs=self.config.max_num_seqs,
-                                tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids)
+                                tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids, device=self.device)
         if params.structured is not None:
             self.grammars.compile(params.structured)  # an invalid constraint fails here, alone
         now = time.monotonic()
@@ -148,7 +148,7 @@ class LLMEngine:
         matcher = self.grammars.matcher(params.structured) if params.structured is not None else None
         return Sequence(next(self._seq_ids), request_id, index, token_ids, params, admitted.max_tokens,
                         generator=gen, cache_salt=cache_salt, arrival_time=now, matcher=matcher,
-                        bad_words=admitted.bad_words)
+                        rules=admitted.rules)
 
     def abort(self, request_id: str) -> RequestDelta | None:
         """Stop a request now and free its blocks. Unknown or finished ids are ignored."""
@@ -256,7 +256,7 @@ class LLMEngine:
                     for j in range(n):
                         outputs = done + spec_ids[:j] if j else done
                         rows.append(SamplingRow(s.params, s.generator, s.prompt_token_ids, outputs, s.matcher,
-                                                s.bad_words, spec_ids[:j]))
+                                                s.rules, spec_ids[:j]))
                         logit_rows.append(first + j)
                     row_seqs.append(s)
                     drafts.append(Draft(spec_ids, s.spec_probs))
@@ -285,6 +285,9 @@ class LLMEngine:
             if verdict.no_token and not seq.finished:
                 self._end(seq, req, f"no token is left to sample: {intake.constraints(seq.params)} exclude "
                           f"every token after {seq.num_output_tokens} generated")
+            elif verdict.not_finite and not seq.finished:
+                self._end(seq, req, f"the next token's scores are not finite numbers (NaN or infinity) after "
+                          f"{seq.num_output_tokens} generated: the model overflowed under these sampling settings")
             changed[req.request_id] = req
         outputs = []
         for req in changed.values():
@@ -307,7 +310,7 @@ class LLMEngine:
     def _fork(self, req: Request, parent: Sequence) -> list[Sequence]:
         children = req.fork(parent, lambda i: self._new_seq(
             req.request_id, parent.prompt_token_ids, req.params,
-            intake.Admitted(parent.max_tokens, parent.bad_words), i, parent.cache_salt, req.arrival_time))
+            intake.Admitted(parent.max_tokens, parent.rules), i, parent.cache_salt, req.arrival_time))
         for child in children:
             self.kv_manager.fork(parent, child)
             self.scheduler.add_running(child)
@@ -343,7 +346,7 @@ class LLMEngine:
 
     def _fork_beam(self, req: Request, parent: Sequence) -> Sequence:
         child = self._new_seq(req.request_id, parent.prompt_token_ids, req.params,
-                              intake.Admitted(parent.max_tokens, None), 0, parent.cache_salt, req.arrival_time)
+                              intake.Admitted(parent.max_tokens, parent.rules), 0, parent.cache_salt, req.arrival_time)
         child.token_ids = list(parent.token_ids)
         child.num_computed_tokens, child.num_cached_tokens = parent.num_computed_tokens, parent.num_cached_tokens
         child.num_preemptions, child.first_scheduled_time = parent.num_preemptions, parent.first_scheduled_time

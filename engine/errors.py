@@ -13,3 +13,9 @@ class ParamError(ValueError):
     def __init__(self, param: str | None, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+class EngineDeadError(RuntimeError):
+    """The engine failed inside a step, and its state can no longer be trusted: every call
+    still pending and every later one raises this, chained to the original fault, rather
+    than waiting on an engine that will never step again."""

@@ -7,7 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from engine.errors import ParamError
+from engine.rules import TokenRules
 from engine.sampling_params import SamplingParams
 
 
@@ -16,7 +19,7 @@ class Admitted:
     """What admission resolved: the sequence's own limits, never written back into params."""
 
     max_tokens: int
-    bad_words: list[list[int]] | None
+    rules: TokenRules
 
 
 def check_token_ids(vocab_size: int, prompt: list[int], params: SamplingParams) -> None:
@@ -29,7 +32,8 @@ def check_token_ids(vocab_size: int, prompt: list[int], params: SamplingParams) 
 
 
 def admit(prompt: list[int], params: SamplingParams, *, vocab_size: int, max_model_len: int,
-          max_num_seqs: int, tokenizer: Any, eos_token_ids: list[int]) -> Admitted:
+          max_num_seqs: int, tokenizer: Any, eos_token_ids: list[int],
+          device: torch.device | None = None) -> Admitted:
     if not prompt:
         raise ParamError("prompt", "prompt must not be empty")
     check_token_ids(vocab_size, prompt, params)
@@ -47,20 +51,21 @@ def admit(prompt: list[int], params: SamplingParams, *, vocab_size: int, max_mod
         raise ParamError("n", f"n ({params.n}) exceeds max_num_seqs ({max_num_seqs})")
     bad_words = bad_words_ids(tokenizer, params)
     check_contradictions(params, bad_words, eos_token_ids)
-    return Admitted(max_tokens, bad_words)
+    return Admitted(max_tokens, TokenRules.of(params, bad_words, device))
 
 
 def bad_words_ids(tokenizer: Any, params: SamplingParams) -> list[list[int]] | None:
-    """Each bad word's tokens as it starts the text and as it follows a space, as vLLM."""
+    """Each bad word's tokens as it starts the text and as it follows a space, as vLLM,
+    each distinct sequence once (a set: a list scan here was quadratic in the words)."""
     if not params.bad_words:
         return None
-    ids: list[list[int]] = []
-    for word in params.bad_words:
-        for text in dict.fromkeys([word, " " + word.lstrip()]):
-            toks = tokenizer.encode(text, add_special_tokens=False)
-            if toks and toks not in ids:
-                ids.append(toks)
-    return ids
+    seen: dict[tuple[int, ...], None] = {}
+    texts = dict.fromkeys(t for word in params.bad_words for t in (word, " " + word.lstrip()))
+    for text in texts:
+        toks = tokenizer.encode(text, add_special_tokens=False)
+        if toks:
+            seen.setdefault(tuple(toks), None)
+    return [list(t) for t in seen]
 
 
 def check_contradictions(params: SamplingParams, bad_words: list[list[int]] | None,

@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.errors import ParamError
+from engine.errors import EngineDeadError, ParamError
 from engine.outputs import BeamSearchOutput, Collector, RequestOutput
 from engine.sampling_params import BeamSearchParams, SamplingParams
 from engine.stats import EngineStats
@@ -55,6 +55,7 @@ class LLM:
         self.engine = LLMEngine(self.config)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
+        self._fault: BaseException | None = None  # what broke the engine in a step, if anything did
 
     def generate(
         self,
@@ -63,6 +64,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in input order."""
+        self._check_alive()
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         if params is None:
@@ -110,14 +112,27 @@ class LLM:
     def _run(self, ids: list[str], collector: Collector, use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm or len(ids) < 2)
-        while self.engine.has_unfinished():
-            for delta in self.engine.step().outputs:
-                out = collector.add(delta)
-                if out.finished:
-                    done[out.request_id] = out
-                    bar.update(1)
-        bar.close()
+        try:
+            while self.engine.has_unfinished():
+                for delta in self.engine.step().outputs:
+                    out = collector.add(delta)
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update(1)
+        except Exception as exc:
+            # A step that raised left requests half-appended and batches in flight: stepping
+            # again would spin on them for ever. The engine is done; say so now and later.
+            self._fault = exc
+            raise EngineDeadError(f"the engine failed in a step and cannot go on: {type(exc).__name__}: {exc}"
+                                  ) from exc
+        finally:
+            bar.close()
         return [done[rid] for rid in ids]
+
+    def _check_alive(self) -> None:
+        if self._fault is not None:
+            raise EngineDeadError(f"the engine failed in an earlier step and cannot go on: "
+                                  f"{type(self._fault).__name__}: {self._fault}") from self._fault
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

@@ -44,6 +44,8 @@ class Verdict:
     num_accepted: int = 0
     # The row after token_ids had nothing left to sample (its constraints exclude every token).
     no_token: bool = False
+    # The row after token_ids held a NaN or +inf (sampler.not_finite): no token can be trusted.
+    not_finite: bool = False
     logprobs: list[TokenLogprobs] | None = None
 
 
@@ -93,9 +95,10 @@ class Draws:
 
 
 def rejection_sample(target: torch.Tensor, probs: torch.Tensor | None, drafts: list[Draft], rows: list[Any],
-                     draws: Draws, dead: set[int]) -> list[Verdict]:
+                     draws: Draws, dead: set[int], broken: set[int]) -> list[Verdict]:
     """`target`: per row, the target's own token (argmax, or drawn with draws.u); `probs`:
-    per row, the distribution non-greedy rows sample from; `dead`: rows with no token left."""
+    per row, the distribution non-greedy rows sample from; `dead`: rows with no token left;
+    `broken`: rows that are not a distribution."""
     # p(d) and q(d) of every sampled draft's tokens, read in one gather each
     checks: list[tuple[int, int, int]] = []  # (row, draft index, position)
     first = 0
@@ -124,6 +127,9 @@ def rejection_sample(target: torch.Tensor, probs: torch.Tensor | None, drafts: l
             r = first + j
             if r in dead:
                 v.no_token = True
+                break
+            if r in broken:
+                v.not_finite = True
                 break
             if j == k:
                 v.token_ids.append(t[r])

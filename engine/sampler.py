@@ -16,6 +16,7 @@ import torch
 from engine.cdf import inverse_cdf
 from engine.messages import TokenLogprobs
 from engine.rejection_sampler import Draft, Draws, Verdict, rejection_sample
+from engine.rules import TokenRules
 from engine.sampling_params import SamplingParams
 from kernels import cpu as cpu_kernels
 
@@ -29,10 +30,14 @@ class SamplingRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # generated before this step
     matcher: Any = None  # engine.structured.Matcher: the grammar's mask applies
-    bad_words: list[list[int]] | None = None  # the request's bad_words as token ids (engine/intake.py)
+    rules: TokenRules | None = None  # the request's bans and biases, built at admission (engine/rules.py)
     # Speculative tokens this row comes after: they end output_token_ids, but the matcher has
     # not accepted them (it is advanced over them for this row's mask, then rolled back).
     ahead: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.rules is None:  # a row made outside the engine (tests, benchmarks): no bad words
+            self.rules = TokenRules.of(self.params)
 
 
 @dataclass
@@ -42,6 +47,7 @@ class SamplerOutput:
     # Rows whose constraints left every token at -inf: their token_ids entry is meaningless
     # (argmax of all -inf is token 0), and the engine must end them instead of appending it.
     no_token: list[int] = field(default_factory=list)
+    not_finite: list[int] = field(default_factory=list)  # rows of NaN or +inf: token_ids entry meaningless
 
 
 def make_generator(seed: int) -> torch.Generator:
@@ -63,7 +69,8 @@ class Sampler:
         verdicts = self.verify(logits, rows, [Draft([])] * len(rows))
         return SamplerOutput([v.token_ids[0] if v.token_ids else 0 for v in verdicts],
                              [v.logprobs[0] if v.logprobs else None for v in verdicts],
-                             [i for i, v in enumerate(verdicts) if v.no_token])
+                             [i for i, v in enumerate(verdicts) if v.no_token],
+                             [i for i, v in enumerate(verdicts) if v.not_finite])
 
     def verify(self, logits: torch.Tensor, rows: list[SamplingRow], drafts: list[Draft]) -> list[Verdict]:
         """Each draft owns len(tokens) + 1 consecutive rows: row j is the target's distribution
@@ -76,11 +83,12 @@ class Sampler:
         rand = [i for i, r in enumerate(rows) if not r.params.greedy]
         draws = Draws(self.generator, rows, drafts)
         probs = None  # by row; only sampled drafts read it past the target's own draw
+        picked = None  # the rand rows' distributions
         if not rand:
             # top-k/top-p/min-p all keep the most likely token, so argmax is exact for greedy rows.
             target = argmax(x)
         elif len(rand) == len(rows):
-            probs = filtered_probs(x, [r.params for r in rows])
+            probs = picked = filtered_probs(x, [r.params for r in rows])
             target = inverse_cdf(probs, draws.u.to(x.device))
         else:
             target = argmax(x)
@@ -90,7 +98,8 @@ class Sampler:
             if any(d.probs is not None for d in drafts):
                 probs = torch.zeros_like(x)
                 probs[idx] = picked
-        verdicts = rejection_sample(target, probs, drafts, rows, draws, set(self._no_token(x, rows)))
+        verdicts = rejection_sample(target, probs, drafts, rows, draws, set(self._no_token(x, rows)),
+                                    not_finite(x, target, rand, picked))
         draws.settle(verdicts)
         add_logprobs(logits, rows, drafts, verdicts)
         return verdicts
@@ -117,7 +126,7 @@ class Sampler:
         """The rows where nothing is left to sample. Only constraints that ban tokens
         outright can get there, so only their rows are looked at."""
         maybe = [i for i, r in enumerate(rows)
-                 if r.matcher is not None or r.params.allowed_token_ids is not None or r.bad_words
+                 if r.matcher is not None or r.rules.bans
                  or len(r.output_token_ids) < r.params.min_tokens]
         if not maybe:
             return []
@@ -130,7 +139,7 @@ class Sampler:
         tok_idx: list[int] = []
         for i, r in enumerate(rows):
             if len(r.output_token_ids) < r.params.min_tokens:
-                banned = self.eos_token_ids + r.params.stop_token_ids
+                banned = self.eos_token_ids + list(r.rules.stop_token_ids)
                 row_idx += [i] * len(banned)
                 tok_idx += banned
         if row_idx:
@@ -147,12 +156,29 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
+def not_finite(x: torch.Tensor, target: torch.Tensor, rand: list[int], picked: torch.Tensor | None) -> set[int]:
+    """The rows whose scores are not a distribution (a NaN or +inf: an overflow in the model,
+    or settings extreme enough to overflow fp32). Their token is meaningless, and may even
+    lie past the vocabulary, so the engine ends them instead. Read at the chosen token
+    only: a NaN anywhere in a row wins the argmax (NaN counts as largest), and a NaN or
+    +inf anywhere turns the whole softmax into NaNs."""
+    t = target.to(x.device)
+    seen = x.gather(1, t[:, None])[:, 0]
+    bad = torch.isnan(seen) | torch.isposinf(seen)
+    if rand:
+        assert picked is not None
+        idx = torch.tensor(rand, device=x.device)
+        bad[idx] = torch.isnan(picked.gather(1, t[idx][:, None])[:, 0])
+    if not bool(bad.any()):
+        return set()
+    return set(torch.nonzero(bad).flatten().tolist())
+
+
 def has_rule(r: SamplingRow) -> bool:
     """Whether Sampler.process changes this row's logits."""
     p = r.params
     return (len(r.output_token_ids) < p.min_tokens or p.repetition_penalty != 1 or p.frequency_penalty != 0
-            or p.presence_penalty != 0 or p.allowed_token_ids is not None or bool(p.logit_bias)
-            or bool(r.bad_words) or r.matcher is not None)
+            or p.presence_penalty != 0 or r.rules.bias_ids is not None or r.rules.bans or r.matcher is not None)
 
 
 def filtered_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -201,25 +227,28 @@ def apply_penalties(x: torch.Tensor, rows: list[SamplingRow]) -> None:
 def apply_bias(x: torch.Tensor, rows: list[SamplingRow]) -> None:
     """OpenAI's logit_bias and vLLM's allowed_token_ids, in place, on the rows that ask."""
     for i, r in enumerate(rows):
-        p = r.params
-        if p.allowed_token_ids is not None:
-            keep = torch.tensor(p.allowed_token_ids, device=x.device)
+        rules = r.rules
+        if rules.allowed is not None:
+            keep = rules.allowed.to(x.device)
             allowed = x[i, keep]
             x[i] = -torch.inf
             x[i, keep] = allowed
-        if p.logit_bias:
-            ids = torch.tensor(list(p.logit_bias), device=x.device)
-            x[i, ids] += torch.tensor(list(p.logit_bias.values()), device=x.device)
+        if rules.bias_ids is not None:
+            x[i, rules.bias_ids.to(x.device)] += rules.bias_values.to(x.device)
 
 
 def apply_bad_words(x: torch.Tensor, rows: list[SamplingRow]) -> None:
     """vLLM's bad_words, in place: a one-token word is always banned; a longer one loses
-    its last token whenever the output so far ends with the rest of it."""
+    its last token whenever the output so far ends with the rest of it (engine/rules.py)."""
     for i, r in enumerate(rows):
-        for ids in r.bad_words or ():
-            *head, last = ids
-            if not head or r.output_token_ids[-len(head):] == head:
-                x[i, last] = -torch.inf
+        words = r.rules.bad_words
+        if words is None:
+            continue
+        if len(words.always):
+            x[i, words.always.to(x.device)] = -torch.inf
+        more = words.banned_after(r.output_token_ids)
+        if more:
+            x[i, torch.tensor(more, device=x.device)] = -torch.inf
 
 
 def _token_counts(seqs: list[list[int]], vocab: int, dev: torch.device) -> torch.Tensor:

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import limits
 from engine.errors import ParamError
 
 
@@ -72,11 +73,14 @@ class SamplingParams:
             self.top_k = 0
         _check(self, "n", self.n >= 1, "must be at least 1")
         _check(self, "seed", self.seed is None or -(2**63) <= self.seed < 2**64, "must fit in 64 bits")
-        _check(self, "temperature", self.temperature >= 0, "must be non-negative")
+        _check(self, "temperature", 0 <= self.temperature <= limits.MAX_TEMPERATURE,
+               f"must be in [0, {limits.MAX_TEMPERATURE:g}]")
         _check(self, "top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
         _check(self, "top_k", self.top_k >= 0, "must be -1, 0 (disabled) or positive")
         _check(self, "min_p", 0 <= self.min_p <= 1, "must be in [0, 1]")
-        _check(self, "repetition_penalty", self.repetition_penalty > 0, "must be positive")
+        _check(self, "repetition_penalty",
+               limits.MIN_REPETITION_PENALTY <= self.repetition_penalty <= limits.MAX_REPETITION_PENALTY,
+               f"must be in [{limits.MIN_REPETITION_PENALTY:g}, {limits.MAX_REPETITION_PENALTY:g}]")
         _check(self, "presence_penalty", -2 <= self.presence_penalty <= 2, "must be in [-2, 2]")
         _check(self, "frequency_penalty", -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]")
         _check(self, "max_tokens", self.max_tokens is None or self.max_tokens >= 1, "must be at least 1")
@@ -90,16 +94,21 @@ class SamplingParams:
         _check(self, "logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]")
         _check(self, "prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
                "must be in [0, 20]")
-        _check(self, "stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings")
+        _check_strings(self, "stop", limits.MAX_STOP, limits.MAX_STOP_CHARS)
+        _check(self, "stop", all(0 < len(s) <= limits.MAX_STOP_LEN for s in self.stop),
+               f"must be non-empty strings of at most {limits.MAX_STOP_LEN} characters")
         self.bad_words = list(self.bad_words or [])
-        _check(self, "bad_words", all(isinstance(w, str) and w.strip() for w in self.bad_words),
-               "must be non-blank strings")
+        _check_strings(self, "bad_words", limits.MAX_BAD_WORDS, limits.MAX_BAD_WORDS_CHARS)
+        _check(self, "bad_words", all(w.strip() for w in self.bad_words), "must be non-blank strings")
+        _check_count(self, "stop_token_ids", limits.MAX_STOP_TOKEN_IDS)
         _check(self, "stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "must be non-negative")
+        _check_count(self, "logit_bias", limits.MAX_LOGIT_BIAS)
         self.logit_bias = {int(t): float(b) for t, b in (self.logit_bias or {}).items()}
         _check(self, "logit_bias", all(t >= 0 and -100 <= b <= 100 for t, b in self.logit_bias.items()),
                "must map non-negative token ids to biases in [-100, 100]")
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
+            _check_count(self, "allowed_token_ids", limits.MAX_ALLOWED_TOKEN_IDS)
             _check(self, "allowed_token_ids", bool(self.allowed_token_ids) and min(self.allowed_token_ids) >= 0,
                    "must be a non-empty list of non-negative token ids")
 
@@ -142,7 +151,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """temperature 0, or so close to it that dividing by it would overflow (limits.GREEDY_BELOW)."""
+        return self.temperature < limits.GREEDY_BELOW
 
 
 @dataclass
@@ -178,4 +188,28 @@ _DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasse
 
 def _check(params: SamplingParams, name: str, ok: bool, why: str) -> None:
     if not ok:
-        raise ParamError(name, f"{name} {why}, got {getattr(params, name)!r}")
+        raise ParamError(name, f"{name} {why}, got {_shown(getattr(params, name))}")
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message, cut short: the value may be a list of a million items."""
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + f"... ({len(value) if hasattr(value, '__len__') else '?'} items)"
+
+
+def _check_count(params: SamplingParams, name: str, most: int) -> None:
+    """At most `most` entries, checked before anything walks them."""
+    n = len(getattr(params, name) or ())
+    if n > most:
+        raise ParamError(name, f"{name} has {n} entries; at most {most} are accepted")
+
+
+def _check_strings(params: SamplingParams, name: str, most: int, most_chars: int) -> None:
+    """A list of at most `most` strings of at most `most_chars` characters in all."""
+    _check_count(params, name, most)
+    values = getattr(params, name)
+    if not all(isinstance(v, str) for v in values):
+        raise ParamError(name, f"{name} must be a list of strings")
+    chars = sum(map(len, values))
+    if chars > most_chars:
+        raise ParamError(name, f"{name} holds {chars} characters in all; at most {most_chars} are accepted")

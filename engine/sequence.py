@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from engine.rules import TokenRules
 from engine.sampling_params import SamplingParams
 
 
@@ -46,7 +47,7 @@ class Sequence:
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
     matcher: Any = None  # engine.structured.Matcher when the output is constrained
-    bad_words: list[list[int]] | None = None  # params.bad_words as token ids (engine/intake.py)
+    rules: TokenRules = field(default_factory=TokenRules)  # the request's bans and biases (engine/rules.py)
     priority: int = 0  # with scheduling_policy "priority": lower runs first
     # Beam search: the request's live beams (this one among them), one list they all share, so
     # that the scheduler runs and preempts them together. None for every other request.

@@ -25,7 +25,7 @@ def after_token(seq: Sequence, tok: int, detok: Detokenizer, eos_token_ids: list
     params = seq.params
     if not params.ignore_eos and tok in eos_token_ids:
         verdict = Verdict("", "stop")
-    elif tok in params.stop_token_ids:
+    elif tok in seq.rules.stop_token_ids:
         verdict = Verdict("", "stop", tok)
     else:
         verdict = Verdict(detok.update([tok]))

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from engine.errors import ParamError
+from engine.rules import TokenRules
 from engine.sampler import Sampler, SamplingRow, apply_penalties, inverse_cdf, make_generator, top_k_top_p
 from engine.sampling_params import SamplingParams
 from kernels import cpu
@@ -330,7 +332,36 @@ def test_inverse_cdf_follows_the_distribution_across_blocks() -> None:
 def test_a_row_with_nothing_left_is_reported_not_raised(kw: dict) -> None:
     """Constraints that ban every token (here bad_words) leave a row all -inf; the filters
     must pass it through so the engine can end that request, and its neighbours sample."""
-    banned = SamplingRow(SamplingParams(**kw), None, [], [], bad_words=[[t] for t in range(VOCAB)])
+    params = SamplingParams(**kw)
+    banned = SamplingRow(params, None, [], [], rules=TokenRules.of(params, [[t] for t in range(VOCAB)]))
     out = Sampler([EOS])(random_logits(2, seed=8), [banned, row(**kw)])
     assert out.no_token == [0]
     assert 0 <= out.token_ids[1] < VOCAB
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_a_row_that_is_not_a_distribution_is_reported_never_sampled(temperature: float, poison: float) -> None:
+    """One NaN or +inf score (an overflow) ruins its row: the inverse CDF used to land in
+    the padding past a vocabulary that is not a multiple of 1,024 (32,000 here), and the
+    next embedding lookup killed the engine. The row is reported; its neighbour samples."""
+    vocab = 32000
+    x = random_logits(2, seed=9, vocab=vocab)
+    x[0, 123] = poison
+    out = Sampler([EOS])(x, [row(temperature=temperature), row(temperature=temperature)])
+    assert out.not_finite == [0] and out.no_token == []
+    assert all(0 <= t < vocab for t in out.token_ids)
+
+
+def test_tiny_temperatures_are_greedy_and_extreme_penalties_are_refused() -> None:
+    x = random_logits(1, seed=10, vocab=32000)
+    for t in (1e-45, 1e-30, 9e-6):
+        assert SamplingParams(temperature=t).greedy
+        out = Sampler([EOS])(x.clone(), [row(temperature=t)])
+        assert out.token_ids == [int(x.argmax())] and not out.not_finite
+    assert not SamplingParams(temperature=1e-4).greedy
+    for name, value in (("repetition_penalty", 1e-30), ("repetition_penalty", 1e30), ("temperature", 1e300),
+                        ("temperature", float("nan"))):
+        with pytest.raises(ParamError) as err:
+            SamplingParams(**{name: value})
+        assert err.value.param == name
