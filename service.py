@@ -102,7 +102,8 @@ class LLMService:
         queue = PRESET.service.queue
         limits = QueueLimits(queue.max_waiting_requests, queue.max_waiting_tokens)
         _claim_cores(PRESET.service.workers, config)
-        self.llm = AsyncLLM.start(config, engine_metrics(served, PRESET.service.metrics_prefix), limits)
+        self.llm = AsyncLLM.start(config, engine_metrics(served, PRESET.service.metrics_prefix), limits,
+                                  PRESET.service.core_stall_timeout_s)
         aliases = [self.llm.info.hf_id] if self.llm.info.hf_id else []  # clients may also name it by its HF id
         store = ResponseStore(**PRESET.service.responses_store.model_dump())
         self.serving = OpenAIServing(self.llm, served, root or self.llm.info.model_name, aliases, store,
@@ -140,7 +141,7 @@ class LLMService:
         signal.signal(signal.SIGTERM, on_sigterm)
 
     def __is_alive__(self) -> bool:
-        return self.llm.is_alive
+        return self.llm.is_responsive
 
     def __is_ready__(self) -> bool:
         return self.llm.is_alive and not self.llm.draining

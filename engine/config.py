@@ -105,6 +105,9 @@ class EngineConfig(BaseModel):
     # "gguf" where that loses nothing (quantize.auto) and the dense weights elsewhere.
     quantization: Literal["auto", "gguf", "int8"] | None = None
     speculative_config: SpeculativeConfig | None = None
+    # Structured outputs compile on a thread beside the core; a constraint that has not
+    # compiled in this many seconds fails its request (400) and is refused at once after.
+    grammar_compile_timeout_s: float = Field(10.0, gt=0, le=600)
 
     @model_validator(mode="after")
     def _check(self) -> "EngineConfig":

@@ -16,6 +16,6 @@ class ParamError(ValueError):
 
 
 class EngineDeadError(RuntimeError):
-    """The engine failed inside a step, and its state can no longer be trusted: every call
-    still pending and every later one raises this, chained to the original fault, rather
-    than waiting on an engine that will never step again."""
+    """The engine has stopped (a fault inside a step, a dead process, a shutdown) and will
+    never step again: every call still pending and every later one raises this, chained
+    to the original fault where there is one, rather than waiting on it."""

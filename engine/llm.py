@@ -79,7 +79,10 @@ class LLM:
             for prompt, p in zip(prompts, params):
                 rid = str(next(self._ids))
                 token_ids = self.engine.tokenize(prompt)
-                self.engine.add_request(rid, token_ids, p)
+                if not self.engine.add_request(rid, token_ids, p):  # its constraint is compiling
+                    for _, error in self.engine.poll_compiles(wait=True):
+                        if error is not None:
+                            raise error
                 collector.expect(rid, prompt if isinstance(prompt, str) else None, token_ids)
                 ids.append(rid)
         except ValueError:

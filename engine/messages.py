@@ -163,14 +163,19 @@ class Stopped(msgspec.Struct, tag="stopped", array_like=True):
     pass
 
 
+class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True):
+    """The core's loop is turning: sent when nothing else has been for a second, so that a
+    client can tell a core stuck inside one step (/livez) from one with nothing to say."""
+
+
 class Died(msgspec.Struct, tag="died", array_like=True):
     """The core's loop (or its start-up) failed; the message is for the server's log."""
 
     message: str
 
 
-Event = Ready | Added | StepOutput | StatsReply | Stopped | Died
+Event = Ready | Added | StepOutput | StatsReply | Stopped | Heartbeat | Died
 
 __all__ = ["TokenLogprobs", "CompletionDelta", "RequestMetrics", "RequestDelta", "ErrorInfo", "ModelInfo",
            "AddRequest", "AbortRequest", "GetStats", "Stop", "Command", "Ready", "Added", "StepOutput",
-           "StatsReply", "Stopped", "Died", "Event"]
+           "StatsReply", "Stopped", "Heartbeat", "Died", "Event"]

@@ -10,15 +10,21 @@ recompute keeps, so a preempted sequence resumes with its matcher as it was.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
+import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
+from engine import limits
 from engine.errors import ParamError
 from engine.sampling_params import Constraint
+
+Key = tuple[str, str]  # (kind, spec)
 
 
 class Matcher:
@@ -38,16 +44,29 @@ class Matcher:
 
 
 class Grammars:
-    """Compiles constraints for one tokenizer, caching them by their text."""
+    """Compiles constraints for one tokenizer, caching them by their text.
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], cache_size: int = 256) -> None:
+    Compiling runs on a thread of its own (xgrammar releases the GIL), never on the core's:
+    a schema of a few thousand optional properties takes xgrammar tens of seconds, during
+    which every other request's steps would wait. `submit` starts one; `result` takes it,
+    or fails it once `timeout_s` has passed since it was submitted. A compile cannot be
+    interrupted, so one past its deadline runs on to its end on that thread; its constraint
+    is remembered and refused at once if it comes again.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], cache_size: int = 256,
+                 timeout_s: float = 10.0) -> None:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.timeout_s = timeout_s
         self._stop = list(stop_token_ids)
         self._compiler: Any = None
         self._batch: Any = None  # xgrammar.BatchGrammarMatcher: fills every row's mask in one call
-        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._cache: OrderedDict[Key, Any] = OrderedDict()
         self._cache_size = cache_size
+        self._running: dict[Key, Future] = {}  # submitted and not yet taken into the cache
+        self._too_slow: OrderedDict[Key, None] = OrderedDict()
+        self._pool: ThreadPoolExecutor | None = None
 
     def _xgr(self) -> Any:
         import xgrammar  # late: requests without constraints never pay for it
@@ -58,35 +77,72 @@ class Grammars:
             self._compiler = xgrammar.GrammarCompiler(info)
         return xgrammar
 
-    def compile(self, so: Constraint) -> Any:
-        """The compiled grammar; ParamError naming `structured_outputs` when it is invalid."""
+    def submit(self, so: Constraint) -> Future | None:
+        """Start compiling `so` unless it is cached (None then); ParamError naming
+        `structured_outputs` at once for one too large or known to be too slow."""
         key = (so.kind, so.spec)
         if key in self._cache:
             self._cache.move_to_end(key)
+            return None
+        if len(so.spec) > limits.MAX_GRAMMAR_CHARS:
+            raise ParamError("structured_outputs", f"the {so.kind} constraint has {len(so.spec)} characters; at "
+                             f"most {limits.MAX_GRAMMAR_CHARS} are accepted")
+        if key in self._too_slow:
+            raise self._slow_error(so)
+        if key not in self._running:
+            self._sweep()
+            self._xgr()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+            self._running[key] = self._pool.submit(_compile, self._compiler, so)
+        return self._running[key]
+
+    def result(self, so: Constraint, future: Future, deadline: float, wait: bool = False) -> Any | None:
+        """The compiled grammar once `future` is done (None while it runs and the deadline is
+        ahead; with `wait`, blocks up to the deadline). ParamError when it failed or is late."""
+        key = (so.kind, so.spec)
+        if key in self._cache:
             return self._cache[key]
-        self._xgr()
-        c = self._compiler
-        try:
-            if so.kind == "json":
-                grammar = c.compile_json_schema(so.spec, any_whitespace=False)
-            elif so.kind == "json_object":  # OpenAI's JSON mode promises an object, not any JSON value
-                grammar = c.compile_json_schema('{"type": "object"}', any_whitespace=False)
-            elif so.kind == "regex":
-                grammar = c.compile_regex(so.spec)
-            elif so.kind == "choice":
-                choices = json.loads(so.spec)
-                grammar = c.compile_regex("|".join(_regex_literal(s) for s in choices))
-            elif so.kind == "structural_tag":
-                grammar = c.compile_structural_tag(so.spec)
-            else:
-                grammar = c.compile_grammar(so.spec)
-        except (RuntimeError, ValueError, TypeError) as exc:
-            why = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(exc).strip()) or repr(exc)  # xgrammar's log prefix
-            raise ParamError("structured_outputs", f"invalid {so.kind} constraint: {why}") from None
+        if not future.done():
+            left = deadline - time.monotonic()
+            if wait and left > 0:
+                concurrent.futures.wait([future], timeout=left)
+            if not future.done():
+                if time.monotonic() < deadline:
+                    return None
+                self._too_slow[key] = None
+                if len(self._too_slow) > self._cache_size:
+                    self._too_slow.popitem(last=False)
+                raise self._slow_error(so)
+        self._running.pop(key, None)
+        grammar = future.result()  # ParamError for an invalid constraint
         self._cache[key] = grammar
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return grammar
+
+    def _sweep(self) -> None:
+        """Take finished compiles nobody waits for any more (their requests were aborted)
+        into the cache, so that `_running` holds only what is still compiling."""
+        for key, future in list(self._running.items()):
+            if future.done():
+                del self._running[key]
+                if future.exception() is None:
+                    self._cache[key] = future.result()
+                    if len(self._cache) > self._cache_size:
+                        self._cache.popitem(last=False)
+
+    def compile(self, so: Constraint) -> Any:
+        """The compiled grammar, waiting for it up to the timeout; ParamError naming
+        `structured_outputs` when it is invalid, too large or too slow."""
+        future = self.submit(so)
+        if future is None:
+            return self._cache[(so.kind, so.spec)]
+        return self.result(so, future, time.monotonic() + self.timeout_s, wait=True)
+
+    def _slow_error(self, so: Constraint) -> ParamError:
+        return ParamError("structured_outputs", f"the {so.kind} constraint did not compile within "
+                          f"{self.timeout_s:g} s; simplify it (fewer optional properties or alternatives)")
 
     def matcher(self, so: Constraint) -> Matcher:
         xgr = self._xgr()
@@ -126,6 +182,25 @@ class Grammars:
         full = bitmask.new_zeros((logits.shape[0], bitmask.shape[1]))
         full[rows] = bitmask
         xgr.apply_token_bitmask_inplace(logits[:, : self.vocab_size], full, indices=rows)
+
+
+def _compile(c: Any, so: Constraint) -> Any:
+    """On the compile thread: xgrammar's compiled grammar, or ParamError naming the field."""
+    try:
+        if so.kind == "json":
+            return c.compile_json_schema(so.spec, any_whitespace=False)
+        if so.kind == "json_object":  # OpenAI's JSON mode promises an object, not any JSON value
+            return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
+        if so.kind == "regex":
+            return c.compile_regex(so.spec)
+        if so.kind == "choice":
+            return c.compile_regex("|".join(_regex_literal(s) for s in json.loads(so.spec)))
+        if so.kind == "structural_tag":
+            return c.compile_structural_tag(so.spec)
+        return c.compile_grammar(so.spec)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        why = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(exc).strip()) or repr(exc)  # xgrammar's log prefix
+        raise ParamError("structured_outputs", f"invalid {so.kind} constraint: {why}") from None
 
 
 def _regex_literal(text: str) -> str:

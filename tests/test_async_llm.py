@@ -264,6 +264,42 @@ def test_a_killed_engine_process_fails_every_waiter_and_health(config):
     llm.shutdown()
 
 
+def test_a_stalled_core_turns_liveness_false_and_never_blocks_the_caller(config):
+    """The engine process stopped dead (SIGSTOP: a step that never returns, as far as the
+    server can tell). The caller's sends never block, though the pipe fills (2,000
+    requests of 100 tokens, about 400 KB, where a pipe holds 64 KB); liveness turns false
+    once the core has been silent for stall_timeout_s, and true again once it resumes."""
+    import os
+    import signal
+    import threading
+
+    llm = AsyncLLM.start(config, stall_timeout_s=1.5)
+
+    async def scenario():
+        assert llm.is_responsive
+        os.kill(llm._core.pid, signal.SIGSTOP)
+        # Should a send block this loop, the core resumes anyway and the timing check fails.
+        threading.Timer(5.0, os.kill, (llm._core.pid, signal.SIGCONT)).start()
+        try:
+            start = time.monotonic()
+            gens = [llm.generate(list(range(5, 105)), SamplingParams(max_tokens=1)) for _ in range(2000)]
+            firsts = [asyncio.ensure_future(g.__anext__()) for g in gens]
+            await asyncio.sleep(0)  # every request submitted
+            assert time.monotonic() - start < 1.0  # not queued behind a full pipe
+            await asyncio.sleep(2.0)
+            assert not llm.is_responsive and llm.is_alive
+        finally:
+            os.kill(llm._core.pid, signal.SIGCONT)
+        done, _ = await asyncio.wait(firsts, timeout=60)
+        assert len(done) == len(firsts)  # every one answered, by the core or by its refusal
+        for g in gens:
+            await g.aclose()
+        assert llm.is_responsive
+
+    run(scenario(), timeout=120)
+    llm.shutdown()
+
+
 def test_the_waiting_queue_is_bounded_and_gives_its_places_back(llm):
     """Requests waiting for their first token are bounded in number and prompt tokens; past
     a bound the caller is refused at once, and every place comes back however a request ends."""

@@ -4,12 +4,13 @@ the vocabulary, or leave the offline API hanging."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
-from engine import LLM, EngineDeadError, ParamError, SamplingParams
-from engine import limits
+from engine import LLM, EngineDeadError, ParamError, SamplingParams, limits
+from engine.sampling_params import Constraint
 
 pytestmark = pytest.mark.engine
 
@@ -84,3 +85,57 @@ def test_a_list_past_its_bound_is_refused_naming_it(field, value):
     assert err.value.param == field and "at most" in str(err.value)
     assert len(str(err.value)) < 400  # the message never echoes the whole list
 
+
+
+def slow_schema(n: int) -> str:
+    """Optional properties: xgrammar's compile time grows faster than linearly in them."""
+    return json.dumps({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(n)}})
+
+
+def test_a_constraint_that_compiles_too_slowly_fails_alone_and_fast_the_second_time(tiny_model_factory):
+    llm = LLM(str(tiny_model_factory("vocab-32000", vocab_size=VOCAB, tie_word_embeddings=False)),
+              dtype="float32", max_model_len=256, max_num_seqs=8, grammar_compile_timeout_s=0.2)
+    slow = SamplingParams(max_tokens=4, structured=Constraint("json", slow_schema(1000)))
+    with pytest.raises(ParamError, match="did not compile within 0.2 s") as err:
+        llm.generate([[5, 6, 7]], slow, use_tqdm=False)
+    assert err.value.param == "structured_outputs"
+    start = time.monotonic()
+    with pytest.raises(ParamError, match="did not compile"):
+        llm.generate([[5, 6, 7]], slow, use_tqdm=False)
+    assert time.monotonic() - start < 0.2  # remembered: refused before any wait
+    assert len(run(llm, temperature=0.0)) == 16
+    huge = SamplingParams(max_tokens=4, structured=Constraint("json", slow_schema(3000)))
+    with pytest.raises(ParamError, match="at most 65536 are accepted") as err:
+        llm.generate([[5, 6, 7]], huge, use_tqdm=False)
+    assert err.value.param == "structured_outputs"
+
+
+def test_the_core_steps_others_while_a_constraint_compiles(tiny_model_factory):
+    """EngineCore's loop with the compile on its own thread: a plain request queued behind
+    a slow constraint finishes while that one is still compiling."""
+    from engine.core import EngineCore
+    from engine.engine import LLMEngine
+    from engine.config import EngineConfig
+    from engine.messages import AddRequest, Added, StepOutput, Stop
+
+    engine = LLMEngine(EngineConfig.create(model=str(tiny_model_factory("vocab-32000", vocab_size=VOCAB,
+                                                                        tie_word_embeddings=False)),
+                                           dtype="float32", max_model_len=256, max_num_seqs=8,
+                                           grammar_compile_timeout_s=60))
+    events: list = []
+    cmds = [AddRequest("slow", [5, 6, 7], SamplingParams(max_tokens=4, structured=Constraint("json", slow_schema(1200)))),
+            AddRequest("plain", [5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0))]
+
+    def source(timeout: float) -> list:
+        if cmds:
+            return [cmds.pop(0)]
+        finished = {d.request_id for e in events if isinstance(e, StepOutput) for d in e.outputs if d.finished}
+        if "plain" in finished:
+            return [Stop()]
+        time.sleep(timeout)
+        return []
+
+    EngineCore(engine, events.append).run(source)
+    added = [e.request_id for e in events if isinstance(e, Added)]
+    assert added == ["plain"], added  # the slow one is still compiling when the plain one is done
+    assert engine.compiling

@@ -301,8 +301,11 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
 
     async def health(request: Request) -> Response:
         serving = get_serving()
-        alive = serving is not None and serving.llm.is_alive
-        return JSONResponse({"status": "ok" if alive else "engine dead"}, status_code=200 if alive else 503)
+        if serving is None or not serving.llm.is_alive:
+            return JSONResponse({"status": "engine dead"}, status_code=503)
+        if not serving.llm.is_responsive:
+            return JSONResponse({"status": "engine stalled"}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     async def stats(request: Request) -> Response:
         try:

@@ -35,13 +35,13 @@ import msgspec
 from engine import intake
 from engine.config import EngineConfig
 from engine.engine import LLMEngine, encode_prompt
-from engine.errors import ParamError
+from engine.errors import EngineDeadError, ParamError
 from engine.messages import AddRequest, CompletionDelta, ModelInfo, RequestDelta, RequestMetrics, StepOutput, TokenLogprobs
 from engine.models import loader
 from engine.sampling_params import SamplingParams
 from engine.serving import tracing
 from engine.serving.admission import Admission, QueueFullError, QueueLimits
-from engine.serving.client import DrainingError, EngineDeadError, ProcessClient, ThreadClient
+from engine.serving.client import DrainingError, ProcessClient, ThreadClient
 
 if TYPE_CHECKING:
     from engine.serving.metrics import EngineMetrics
@@ -129,8 +129,10 @@ class AsyncLLM:
     on a thread here; `AsyncLLM.start(config)` builds the engine in its own process."""
 
     def __init__(self, engine: LLMEngine | None = None, metrics: EngineMetrics | None = None,
-                 *, config: EngineConfig | None = None, limits: QueueLimits | None = None) -> None:
+                 *, config: EngineConfig | None = None, limits: QueueLimits | None = None,
+                 stall_timeout_s: float | None = 60.0) -> None:
         self.metrics = metrics
+        self.stall_timeout_s = stall_timeout_s
         self.admission = Admission(limits)
         self.draining = False  # set by drain(): new requests are refused, running ones finish
         self._streams: dict[str, _Stream] = {}
@@ -151,9 +153,9 @@ class AsyncLLM:
 
     @classmethod
     def start(cls, config: EngineConfig, metrics: EngineMetrics | None = None,
-              limits: QueueLimits | None = None) -> AsyncLLM:
+              limits: QueueLimits | None = None, stall_timeout_s: float | None = 60.0) -> AsyncLLM:
         """The engine core in a child process: its busy loop never waits on this one's GIL."""
-        return cls(None, metrics, config=config, limits=limits)
+        return cls(None, metrics, config=config, limits=limits, stall_timeout_s=stall_timeout_s)
 
     # -- facts the HTTP layer needs -------------------------------------------------
     @property
@@ -170,6 +172,12 @@ class AsyncLLM:
         return self._dead is None and self._core.is_alive
 
     @property
+    def is_responsive(self) -> bool:
+        """Alive, and its loop has spoken within stall_timeout_s: what liveness probes ask.
+        A core stuck inside one step still holds its process, so is_alive alone stays True."""
+        return self.is_alive and (self.stall_timeout_s is None or self._core.silent_for < self.stall_timeout_s)
+
+    @property
     def error(self) -> BaseException | None:
         return self._dead
 
@@ -179,7 +187,7 @@ class AsyncLLM:
         Computed when asked, never per step; a dead engine answers with its last reading.
         """
         stats = self._core.last_stats if self._dead is not None else self._core.stats(timeout)
-        return {**asdict(stats), "engine_alive": self.is_alive}
+        return {**asdict(stats), "engine_alive": self.is_alive, "engine_responsive": self.is_responsive}
 
     # -- requests -------------------------------------------------------------------
     async def generate(

@@ -23,6 +23,7 @@ import multiprocessing.util
 import queue
 import signal
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -32,6 +33,7 @@ from engine import spawn
 from engine.config import EngineConfig
 from engine.core import EngineCore, died
 from engine.engine import LLMEngine
+from engine.errors import EngineDeadError
 from engine.messages import (AbortRequest, Added, AddRequest, Command, Died, Event, GetStats, ModelInfo, Ready,
                              StatsReply, StepOutput, Stop, Stopped)
 from engine.serving import wire
@@ -44,8 +46,6 @@ OnStep = Callable[[StepOutput], None]
 OnDead = Callable[[BaseException], None]
 
 
-class EngineDeadError(RuntimeError):
-    """The engine loop has stopped; no request can be served by this AsyncLLM again."""
 
 
 class DrainingError(RuntimeError):
@@ -64,6 +64,13 @@ class EngineCoreClient(ABC):
         self._on_added, self._on_step, self._on_dead = on_added, on_step, on_dead
         self._send_lock = threading.Lock()  # the stats waiters and the commands in the same order
         self._stats_waiters: queue.SimpleQueue[concurrent.futures.Future] = queue.SimpleQueue()
+        self.last_event = time.monotonic()  # when the core last said anything (a heartbeat at least)
+
+    @property
+    def silent_for(self) -> float:
+        """Seconds since the core's last event: a turning loop speaks at least every second
+        (core.HEARTBEAT_S), so a long silence is a core stuck in one step."""
+        return time.monotonic() - self.last_event
 
     @property
     def last_stats(self) -> EngineStats:
@@ -102,6 +109,7 @@ class EngineCoreClient(ABC):
 
     def dispatch(self, event: Event) -> bool:
         """One event from the core; False once the core is gone (after on_dead)."""
+        self.last_event = time.monotonic()
         if isinstance(event, StepOutput):
             self._on_step(event)
         elif isinstance(event, Added):
@@ -201,15 +209,31 @@ class ProcessClient(EngineCoreClient):
             raise EngineDeadError(f"the engine process failed at start-up: {getattr(first, 'message', first)}")
         self.info = first.info
         self.pid = self._proc.pid
+        self.last_event = time.monotonic()  # Ready, read here rather than by dispatch
         self._reader = threading.Thread(target=self._read, name="engine-core-reader", daemon=True)
         self._reader.start()
+        # Commands go through a queue to a writer thread: send_bytes blocks once the pipe is
+        # full (a core stuck in a step reads nothing), and a caller on the event loop must not.
+        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write, name="engine-core-writer", daemon=True)
+        self._writer.start()
 
     @property
     def is_alive(self) -> bool:
         return self._proc.is_alive() and self._reader.is_alive()
 
     def _put(self, cmd: Command) -> None:
-        self._conn.send_bytes(wire.encode(cmd))
+        """Never blocks: encoded here, in the caller's order, and sent by the writer."""
+        if not self._writer.is_alive():
+            raise OSError("the engine process's pipe is closed")
+        self._outbox.put(wire.encode(cmd))
+
+    def _write(self) -> None:
+        while (data := self._outbox.get()) is not None:
+            try:
+                self._conn.send_bytes(data)
+            except OSError:  # the process is gone: its death is reported by the reader
+                return
 
     def shutdown(self, timeout: float) -> None:
         try:
@@ -217,6 +241,7 @@ class ProcessClient(EngineCoreClient):
                 self._put(Stop())
         except OSError:
             pass
+        self._outbox.put(None)
         self._proc.join(timeout)
         if self._proc.is_alive():
             self._proc.kill()

@@ -13,10 +13,10 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from engine.errors import ParamError
+from engine.errors import EngineDeadError, ParamError
 from engine.serving import tracing
 from engine.serving.admission import QueueFullError
-from engine.serving.client import DrainingError, EngineDeadError
+from engine.serving.client import DrainingError
 from engine.serving.protocol import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)

@@ -92,6 +92,9 @@ class ServiceConfig(BaseModel):
     max_body_bytes: int = Field(8 << 20, ge=1024, description="larger request bodies get 413")
     protect_ops_routes: bool = Field(False, description="/stats and /metrics need the API key too")
     drain_timeout: float = Field(60.0, ge=0, description="on SIGTERM, seconds running requests get to finish")
+    core_stall_timeout_s: float | None = Field(
+        60.0, gt=0, description="/livez and /health answer 503 once the engine core has been silent this long "
+        "(stuck inside one step; it speaks at least every second otherwise); None: never")
     request_timeout: float | None = Field(None, gt=0, description="seconds before a request is aborted (408); "
                                           "a client's X-Request-Timeout header may shorten it")
     unknown_fields: Literal["reject", "warn"] = Field(
