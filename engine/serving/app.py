@@ -212,7 +212,10 @@ def _openai_route(get_serving: GetServing, model: type[BaseModel], handler: Hand
         try:
             timeout = _deadline(request, request_timeout)
             body = await read_body(request, max_body)  # before the disconnect watcher starts reading
-            req, ignored = parse(body, model, unknown)
+            if len(body) <= jsontext.OFF_LOOP_BYTES:
+                req, ignored = parse(body, model, unknown)
+            else:  # parsing and validating megabytes would hold every other request's loop
+                req, ignored = await asyncio.to_thread(parse, body, model, unknown)
         except APIError as exc:
             return error_response(exc)
         headers = {}
@@ -374,7 +377,7 @@ class TypedRouteGuard:
         try:
             timeout = _deadline(request, self.request_timeout)
             body = await read_body(request, self.max_body)
-            if not isinstance(jsontext.loads(body), dict):
+            if not isinstance(await jsontext.loads_async(body), dict):
                 raise bad_request("the request body must be a JSON object")
         except APIError as exc:
             await error_response(exc)(scope, receive, send)

@@ -10,6 +10,7 @@ finite numbers, integers within 64 bits, and strings that are valid Unicode.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 from engine.serving.errors import APIError, bad_request
 
 MAX_DEPTH = 64  # deeper than any real request (a JSON schema included), and far from RecursionError
+MAX_NODES = 1 << 20  # values in one document: 8 MiB of "[0,0,...]" holds four million
+OFF_LOOP_BYTES = 256 << 10  # bodies larger than this are parsed on a worker thread (parse_async)
 INT64 = range(-(2**63), 2**63)
 
 
@@ -43,32 +46,68 @@ def loads(text: str | bytes, field: str | None = None, what: str = "the request 
 
 def check_values(data: Any) -> None:
     """Refuse what JSON can carry but nothing downstream should see: nesting past MAX_DEPTH,
-    numbers too large for any field (1e400 parses as infinity), and strings that are not
-    Unicode (a lone surrogate escape such as "\\ud800" cannot be encoded, tokenized or echoed)."""
-    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    more than MAX_NODES values, numbers too large for any field (1e400 parses as
+    infinity), and strings that are not Unicode (a lone surrogate escape such as "\\ud800"
+    cannot be encoded, tokenized or echoed).
+
+    Linear in time and memory: each node on the stack keeps a link to its parent and its
+    key, and the path is spelled out only for the node that fails. Spelling it for every
+    node cost len(key) x len(list) bytes under a long key (a 257 KiB body peaked at 50 MB)."""
+    stack: list[_Node] = [(data, 0, None, None)]
+    seen = 0
     while stack:
-        node, path, depth = stack.pop()
+        entry = stack.pop()
+        node, depth = entry[0], entry[1]
+        seen += 1
+        if seen > MAX_NODES:
+            raise bad_request(f"the request holds more than {MAX_NODES} JSON values", None)
         if depth > MAX_DEPTH:
-            raise bad_request(f"the request is nested deeper than {MAX_DEPTH} levels", path.lstrip(".") or None)
+            raise bad_request(f"the request is nested deeper than {MAX_DEPTH} levels", _path(entry))
         if isinstance(node, dict):
             for k, v in node.items():
-                _check_str(k, path)
-                stack.append((v, f"{path}.{k}", depth + 1))
+                _check_str(k, entry)
+                stack.append((v, depth + 1, entry, k))
         elif isinstance(node, list):
-            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node))
+            stack.extend((v, depth + 1, entry, i) for i, v in enumerate(node))
         elif isinstance(node, str):
-            _check_str(node, path)
+            _check_str(node, entry)
         elif isinstance(node, float) and not math.isfinite(node):
-            raise bad_request("numbers must be finite", path.lstrip(".") or None)
+            raise bad_request("numbers must be finite", _path(entry))
         elif isinstance(node, int) and not isinstance(node, bool) and node not in INT64:
-            raise bad_request("integers must fit in 64 bits", path.lstrip(".") or None)
+            raise bad_request("integers must fit in 64 bits", _path(entry))
 
 
-def _check_str(s: str, path: str) -> None:
+# (value, depth, parent entry, key or index in the parent): a path kept as links, not text
+_Node = tuple[Any, int, "Any", "str | int | None"]
+MAX_PATH_CHARS = 256  # a key may be megabytes long: an error names a short path
+
+
+def _path(entry: _Node) -> str | None:
+    """The failing node's path, e.g. messages[0].content, built only when raising."""
+    parts: list[str] = []
+    while entry is not None and entry[2] is not None:
+        key = entry[3]
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+        entry = entry[2]
+    path = "".join(reversed(parts)).lstrip(".")
+    if len(path) > MAX_PATH_CHARS:
+        path = path[:MAX_PATH_CHARS] + "..."
+    return path or None
+
+
+def _check_str(s: str, entry: _Node) -> None:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
-        raise bad_request("strings must be valid Unicode (a lone surrogate is not)", path.lstrip(".") or None) from None
+        raise bad_request("strings must be valid Unicode (a lone surrogate is not)", _path(entry)) from None
+
+
+async def loads_async(text: bytes, field: str | None = None, what: str = "the request body") -> Any:
+    """`loads`, on a worker thread when the text is large: parsing and checking 8 MiB takes
+    the better part of a second, which the event loop's other requests would wait out."""
+    if len(text) <= OFF_LOOP_BYTES:
+        return loads(text, field, what)
+    return await asyncio.to_thread(loads, text, field, what)
 
 
 def model_json(text: str) -> Any:
