@@ -29,7 +29,7 @@ from starlette.middleware.cors import CORSMiddleware
 from engine import parallel
 from engine.config import EngineConfig
 from engine.models import DEFAULT_MODEL_NAME
-from engine.serving import tracing
+from engine.serving import tenancy, tracing
 from engine.serving.app import TypedRouteGuard, create_app
 from engine.serving.middleware import APIKeyMiddleware, RequestIdMiddleware
 from engine.serving.async_llm import AsyncLLM, QueueLimits
@@ -107,7 +107,8 @@ class LLMService:
         aliases = [self.llm.info.hf_id] if self.llm.info.hf_id else []  # clients may also name it by its HF id
         store = ResponseStore(**PRESET.service.responses_store.model_dump())
         self.serving = OpenAIServing(self.llm, served, root or self.llm.info.model_name, aliases, store,
-                                     PRESET.service.reasoning_parser, PRESET.service.tool_call_parser)
+                                     PRESET.service.reasoning_parser, PRESET.service.tool_call_parser,
+                                     PRESET.service.max_sequences_per_request, PRESET.service.prefix_cache_scope)
         logger.info("serving %s (max_model_len %d) from %s", served, self.llm.info.max_model_len, root or "embedded")
         self._drain_on_sigterm()
 
@@ -177,7 +178,8 @@ class LLMService:
         # BentoML awaits the first chunk before answering, so errors here keep their status.
         try:
             params = self.serving.sampling_params(req, req.max_tokens, None, {})
-            async for out in self.llm.generate(await prompt(), params):
+            salt = tenancy.cache_salt(None, self.serving.cache_scope)
+            async for out in self.llm.generate(await prompt(), params, cache_salt=salt):
                 for delta in out.deltas:
                     if delta.text:
                         yield delta.text
@@ -192,7 +194,8 @@ class LLMService:
 LLMService.add_asgi_middleware(RequestIdMiddleware)
 if PRESET.service.cors.allow_origins:
     LLMService.add_asgi_middleware(CORSMiddleware, **PRESET.service.cors.model_dump())
-LLMService.add_asgi_middleware(APIKeyMiddleware, protect_ops=PRESET.service.protect_ops_routes)
+LLMService.add_asgi_middleware(APIKeyMiddleware, protect_ops=PRESET.service.protect_ops_routes,
+                               max_in_flight_per_key=PRESET.service.max_in_flight_per_key)
 LLMService.add_asgi_middleware(TypedRouteGuard, max_body_bytes=PRESET.service.max_body_bytes,
                                request_timeout=PRESET.service.request_timeout)
 LLMService.add_asgi_middleware(MergedDocs)

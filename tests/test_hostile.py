@@ -86,6 +86,16 @@ CASES = [
      "structured_outputs"),
     (b'"just a string"', None),
     (b"", None),
+    # the bounds on each list the core walks (engine/limits.py), and values past float32
+    (json.dumps({"prompt": "hi", "stop": ["x"] * 257}).encode(), "stop"),
+    (json.dumps({"prompt": "hi", "stop": ["y" * 513]}).encode(), "stop"),
+    (json.dumps({"prompt": "hi", "bad_words": [f"w{i}" for i in range(1025)]}).encode(), "bad_words"),
+    (json.dumps({"prompt": "hi", "stop_token_ids": list(range(1025))}).encode(), "stop_token_ids"),
+    (json.dumps({"prompt": "hi", "logit_bias": {str(i): 1 for i in range(1025)}}).encode(), "logit_bias"),
+    (b'{"prompt": "hi", "repetition_penalty": 1e-300}', "repetition_penalty"),
+    (b'{"prompt": "hi", "temperature": 1e300}', "temperature"),
+    (json.dumps({"prompt": ["hi"] * 257}).encode(), "prompt"),
+    (json.dumps({"prompt": ["hi"] * 64, "n": 8}).encode(), "n"),
 ]
 
 

@@ -254,7 +254,7 @@ async def _tokenize(s: OpenAIServing, req: TokenizeRequest) -> Any:
 
 
 async def _detokenize(s: OpenAIServing, req: DetokenizeRequest) -> Any:
-    return s.detokenize(req)
+    return await s.detokenize(req)
 
 
 async def _responses(s: OpenAIServing, req: ResponsesRequest) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from engine.engine import encode_prompt
 from engine.llm import apply_chat_template
 from engine.messages import TokenLogprobs
 from engine.sampling_params import SamplingParams, Constraint
+from engine.serving import tenancy
 from engine.serving import tools as tools_mod
 from engine.serving.admission import Offload
 from engine.serving.async_llm import AsyncLLM, StreamOutput
@@ -41,12 +43,17 @@ from engine.serving.streams import DONE, Choice, Started, absorb, chain, collect
 class OpenAIServing:
     def __init__(self, llm: AsyncLLM, served_model_name: str, root: str | None = None,
                  aliases: Sequence[str] = (), store: ResponseStore | None = None,
-                 reasoning_parser: ReasoningParserName | None = None, tool_call_parser: str | None = None) -> None:
+                 reasoning_parser: ReasoningParserName | None = None, tool_call_parser: str | None = None,
+                 max_sequences_per_request: int = 256, cache_scope: tenancy.PrefixCacheScope = "per_key") -> None:
         """`aliases`: other names clients may send as `model` (the Hugging Face id, say);
         responses always name the model by served_model_name. `store` keeps the
         Responses API's stored responses (engine/serving/responses.py);
         `reasoning_parser` splits a <think> block from the answer (reasoning.py);
-        `tool_call_parser` is the calls' format, by default the one the chat template teaches."""
+        `tool_call_parser` is the calls' format, by default the one the chat template teaches;
+        `max_sequences_per_request` bounds prompts x n; `cache_scope` says whether API keys
+        share prefix-cache blocks (engine/serving/tenancy.py)."""
+        self.max_sequences = max_sequences_per_request
+        self.cache_scope = cache_scope
         self.store = store if store is not None else ResponseStore()
         self.reasoning_parser = reasoning_parser
         self.llm = llm
@@ -85,8 +92,11 @@ class OpenAIServing:
     async def chat_prompt_async(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
                                 tools: list[Tool] | None = None,
                                 template_kwargs: dict[str, Any] | None = None) -> list[int]:
-        """chat_prompt, off the event loop when the conversation is large."""
-        size = sum(len(m.text()) for m in messages) + sum(len(t.model_dump_json()) for t in tools or [])
+        """chat_prompt, off the event loop when what the template renders is large: every
+        part of every message (tool-call arguments and reasoning too, not the text alone),
+        the tools and the template's variables."""
+        size = (sum(len(m.model_dump_json()) for m in messages) + sum(len(t.model_dump_json()) for t in tools or [])
+                + len(json.dumps(template_kwargs or {})))
         return await self.offload.run(size, self.chat_prompt, messages, add_generation_prompt, tools,
                                       template_kwargs)
 
@@ -96,12 +106,21 @@ class OpenAIServing:
             return prompt
         return await self.offload.run(len(prompt), encode_prompt, self._tok, prompt)
 
-    def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+    async def prompts_ids(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        """Every prompt's ids, off the loop in one piece when their text is large together:
+        a thousand short prompts are as much work as one long one."""
+        size = sum(len(p) for p in prompts if isinstance(p, str))
+        return await self.offload.run(size, lambda: [p if not isinstance(p, str) else encode_prompt(self._tok, p)
+                                                     for p in prompts])
+
+    async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(req.model)
         vocab = len(self._tok)
         if any(t < 0 or t >= vocab for t in req.tokens):
             raise bad_request(f"token ids must be in [0, {vocab})", "tokens")
-        return DetokenizeResponse(prompt=self._tok.decode(req.tokens))
+        # a token is a few characters: size the work as text, as the tokenizing routes do
+        text = await self.offload.run(4 * len(req.tokens), self._tok.decode, req.tokens)
+        return DetokenizeResponse(prompt=text)
 
     def chat_prompt(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
                     tools: list[Tool] | None = None, template_kwargs: dict[str, Any] | None = None) -> list[int]:
@@ -157,7 +176,8 @@ class OpenAIServing:
                      req: SamplingFields, names: dict[str, str], operation: str = "text_completion"
                      ) -> list[Started]:
         """Submit every prompt and await each one's first delta; all or nothing."""
-        gens = [self.llm.generate(p, params, f"{base_id}-{i}", req.cache_salt, operation, self.model_name,
+        salt = tenancy.cache_salt(req.cache_salt, self.cache_scope)
+        gens = [self.llm.generate(p, params, f"{base_id}-{i}", salt, operation, self.model_name,
                                   req.priority) for i, p in enumerate(prompts)]
         firsts = await asyncio.gather(*(g.__anext__() for g in gens), return_exceptions=True)
         err = next((f for f in firsts if isinstance(f, BaseException)), None)
@@ -275,7 +295,10 @@ class OpenAIServing:
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request("best_of must equal n (no server-side ranking)", "best_of")
         given = prompt_list(req.prompt)
-        prompts = [await self.prompt_ids(p) for p in given]
+        if len(given) * req.n > self.max_sequences:
+            raise bad_request(f"{len(given)} prompts x n={req.n} is {len(given) * req.n} sequences; at most "
+                              f"{self.max_sequences} are accepted in one request", "prompt" if req.n == 1 else "n")
+        prompts = await self.prompts_ids(given)
         names: dict[str, str] = {}
         # echo with logprobs scores the echoed prompt too, with as many alternatives as the output
         echo_lps = req.logprobs if req.echo and req.logprobs is not None else None

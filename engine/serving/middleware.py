@@ -9,6 +9,7 @@ from typing import Any
 
 from engine.serving import tracing
 from engine.serving.errors import APIError, error_response
+from engine.serving.tenancy import TENANT, KeyQuota, tenant_of
 
 API_KEY_ENV = "LLM_API_KEY"
 # Everything that spends the model's or the tokenizer's time (vLLM leaves /tokenize open; a
@@ -50,30 +51,52 @@ class APIKeyMiddleware:
     rotated), model routes and the tokenizer routes need `Authorization: Bearer <key>`;
     else 401. `protect_ops` puts /stats and /metrics behind the key too; /health stays
     open for probes. CORS preflights (OPTIONS) pass: browsers send them without
-    credentials, and the CORS middleware outside this one answers them."""
+    credentials, and the CORS middleware outside this one answers them.
 
-    def __init__(self, app: Any, protect_ops: bool = False) -> None:
+    Each key is a tenant (engine/serving/tenancy.py): the request runs with its tenant
+    set, and at most `max_in_flight_per_key` of one key's requests run at once.
+
+    A variable that is set but holds no key (empty, blanks, commas) is refused at start:
+    read as "no keys", it would have served every caller unauthenticated."""
+
+    def __init__(self, app: Any, protect_ops: bool = False, max_in_flight_per_key: int | None = None) -> None:
         self.app = app
-        raw = os.environ.get(API_KEY_ENV) or ""
-        self.keys = [k.strip().encode("utf-8") for k in raw.split(",") if k.strip()]
+        raw = os.environ.get(API_KEY_ENV)
+        self.keys = [k.strip().encode("utf-8") for k in (raw or "").split(",") if k.strip()]
+        if raw is not None and not self.keys:
+            raise ValueError(f"{API_KEY_ENV} is set but holds no key ({raw!r}): unset it to serve without "
+                             "authentication, or give one or more keys separated by commas")
+        self.tenants = [tenant_of(k) for k in self.keys]
         self.prefixes = PROTECTED_PREFIXES + (OPS_PREFIXES if protect_ops else ())
+        self.quota = KeyQuota(max_in_flight_per_key)
 
-    def allowed(self, token: bytes) -> bool:
-        """The header's bytes as they arrived (a non-ASCII key is its UTF-8 bytes), compared
-        with every key in constant time, so timing tells nothing about any of them."""
+    def tenant(self, token: bytes) -> str | None:
+        """The tenant whose key the header's bytes are (a non-ASCII key is its UTF-8 bytes),
+        or None: compared with every key in constant time, so timing tells nothing."""
         given = token.strip()
         hits = [secrets.compare_digest(given, key) for key in self.keys]
-        return any(hits)
+        return next((t for t, hit in zip(self.tenants, hits) if hit), None)
+
+    def allowed(self, token: bytes) -> bool:
+        return self.tenant(token) is not None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if (self.keys and scope["type"] == "http" and scope["method"] != "OPTIONS"
                 and scope["path"].startswith(self.prefixes)):
             headers = dict(scope.get("headers") or [])
             scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-            if scheme.lower() != b"bearer" or not self.allowed(token):
+            tenant = self.tenant(token) if scheme.lower() == b"bearer" else None
+            if tenant is None:
                 resp = error_response(APIError(401, "Incorrect API key provided; send `Authorization: Bearer "
                                                "<key>`.", "invalid_request_error", None, "invalid_api_key"))
                 resp.headers["WWW-Authenticate"] = "Bearer"
                 await resp(scope, receive, send)
                 return
+            reset = TENANT.set(tenant)
+            try:
+                await self.quota.run(tenant, lambda: self.app(scope, receive, send),
+                                     lambda err: error_response(err)(scope, receive, send))
+            finally:
+                TENANT.reset(reset)
+            return
         await self.app(scope, receive, send)

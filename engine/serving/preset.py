@@ -78,6 +78,10 @@ class ResponsesStoreConfig(BaseModel):
     max_responses: int = Field(1000, ge=0, description="responses kept; 0 stores none")
     max_bytes: int = Field(64 << 20, ge=0, description="their JSON, with the conversations they continue")
     max_age_s: float = Field(3600.0, gt=0, description="seconds a stored response lives")
+    max_responses_per_key: int | None = Field(250, ge=0, description="responses one API key may keep; past it "
+                                              "its own oldest go, never another key's; None: no bound")
+    max_bytes_per_key: int | None = Field(16 << 20, ge=0, description="the memory one API key's responses may "
+                                          "take; None: no bound")
 
 
 class ServiceConfig(BaseModel):
@@ -92,6 +96,13 @@ class ServiceConfig(BaseModel):
     max_body_bytes: int = Field(8 << 20, ge=1024, description="larger request bodies get 413")
     protect_ops_routes: bool = Field(False, description="/stats and /metrics need the API key too")
     drain_timeout: float = Field(60.0, ge=0, description="on SIGTERM, seconds running requests get to finish")
+    max_sequences_per_request: int = Field(256, ge=1, description="prompts x n in one request: past it, 400, "
+                                           "so one request cannot fill the waiting queue for everyone")
+    max_in_flight_per_key: int | None = Field(None, ge=1, description="requests one API key may have running "
+                                              "at once (429 past it); None: no bound per key")
+    prefix_cache_scope: Literal["per_key", "shared"] = Field(
+        "per_key", description="per_key: each API key's prompts hit only its own prefix-cache blocks, so "
+        "cached_tokens tells nothing of another key's prompts; shared: one cache for all keys (one party)")
     core_stall_timeout_s: float | None = Field(
         60.0, gt=0, description="/livez and /health answer 503 once the engine core has been silent this long "
         "(stuck inside one step; it speaks at least every second otherwise); None: never")

@@ -18,6 +18,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from engine.serving import jsontext
 from engine.serving.errors import APIError, bad_request
 from engine.serving.handlers import OpenAIServing
@@ -33,22 +35,29 @@ from engine.serving.responses_protocol import (
 from engine.messages import TokenLogprobs
 from engine.serving.async_llm import StreamOutput
 from engine.serving.streams import Choice, absorb, chain, collect, usage
+from engine.serving.tenancy import TENANT
 
 # engine and chat field names -> the Responses request's own
 NAMES = {"prompt": "input", "max_tokens": "max_output_tokens", "logprobs": "top_logprobs"}
 RENAME = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens"}
 Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+# A stored conversation is kept as JSON (response_store.py), whose memory the store's bound
+# on bytes measures; as pydantic objects it took more than its text, unmeasured there.
+CONVERSATION = TypeAdapter(list[Item])
 
 
 async def create(serving: OpenAIServing, req: ResponsesRequest) -> Response | AsyncIterator[str]:
+    if req.background:
+        raise bad_request("background responses are not supported here: send the request without it (and "
+                          "stream: true to see the answer as it is generated)", "background")
     history: list[Item] = []
     if req.previous_response_id is not None:
-        prev = serving.store.get(req.previous_response_id)
+        prev = serving.store.get(req.previous_response_id, TENANT.get())
         if prev is None:
             raise APIError(404, f"no stored response `{req.previous_response_id}`: it was never stored "
                            "(store: false), was deleted or evicted, or lives on another replica",
                            "invalid_request_error", "previous_response_id", "previous_response_not_found")
-        history = list(prev.conversation)
+        history = CONVERSATION.validate_json(prev.conversation)
     items: list[Item] = [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else list(req.input)
     conversation = history + items
     chat = _chat_request(req, conversation, len(history))
@@ -75,14 +84,14 @@ async def create(serving: OpenAIServing, req: ResponsesRequest) -> Response | As
 
 
 def get(serving: OpenAIServing, rid: str) -> str:
-    stored = serving.store.get(rid)
+    stored = serving.store.get(rid, TENANT.get())
     if stored is None:
         raise _not_found(rid)
     return stored.response
 
 
 def delete(serving: OpenAIServing, rid: str) -> ResponseDeleted:
-    if not serving.store.delete(rid):
+    if not serving.store.delete(rid, TENANT.get()):
         raise _not_found(rid)
     return ResponseDeleted(id=rid)
 
@@ -194,9 +203,7 @@ def _keep(serving: OpenAIServing, req: ResponsesRequest, resp: Response, convers
         elif isinstance(item, OutputFunctionCall):
             out.append(FunctionCallItem(type="function_call", call_id=item.call_id, name=item.name,
                                         arguments=item.arguments, id=item.id))
-    kept = conversation + out
-    size = sum(len(i.model_dump_json()) for i in kept)
-    serving.store.put(resp.id, resp.model_dump_json(), kept, size)
+    serving.store.put(resp.id, resp.model_dump_json(), CONVERSATION.dump_json(conversation + out), TENANT.get())
 
 
 async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response, first: StreamOutput,

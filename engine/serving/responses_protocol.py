@@ -167,6 +167,7 @@ class ResponsesRequest(_Request):
     top_p: float | None = None
     previous_response_id: str | None = None
     store: bool = True
+    background: bool | None = None  # not supported: true is a 400, never silently dropped
     stream: bool = False
     stream_options: dict[str, bool] | None = None  # include_obfuscation: nothing to obfuscate here
     truncation: Literal["disabled"] | None = None  # "auto" would drop history; a prompt too long is a 400
