@@ -177,8 +177,7 @@ def connect(layout: Layout, port: int, backend: str, timeout_s: float,
     waits for each worker to check in at the store, calling `waiting` meanwhile: a worker
     that dies before joining (`waiting` raises) fails the start at once, not at the timeout."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore("127.0.0.1", port, layout.world, layout.rank == 0, timeout=timeout,
-                          wait_for_workers=False)
+    store = open_store(port, layout.world, layout.rank == 0, timeout)
     if layout.rank != 0:
         store.set(f"joining/{layout.rank}", "1")
     else:
@@ -203,6 +202,24 @@ def connect(layout: Layout, port: int, backend: str, timeout_s: float,
         sub = dist.PrefixStore(f"tp{layout.stage}", store)
         tp = Group(_make(backend, sub, layout.tp_rank, layout.tp, timeout), layout.tp_rank, layout.tp, members)
     return Dist(layout, control, world, tp)
+
+
+_listeners: list[socket.socket] = []  # the stores' listening sockets, open as long as the process
+
+
+def open_store(port: int, world: int, master: bool, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The ranks' rendezvous store on this machine. The master's listens on loopback only:
+    given a host, TCPStore's own server still listens on every interface, where anyone who
+    reaches the machine could read and write the groups' keys."""
+    if not master:
+        return dist.TCPStore("127.0.0.1", port, world, False, timeout=timeout)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(128)
+    _listeners.append(sock)
+    return dist.TCPStore("127.0.0.1", port, world, True, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=sock.fileno())
 
 
 def _make(backend: str, store, rank: int, size: int, timeout: datetime.timedelta):

@@ -21,7 +21,8 @@ from typing import Any
 
 import yaml
 
-CACHE = "/cache"
+CACHE = "/cache"  # shared by the replicas: models served by HF id
+SCRATCH = "/scratch"  # per pod
 PORT = 3000
 
 
@@ -57,9 +58,12 @@ def manifest(name: str, image: str, config: dict[str, Any], envs: dict[str, str]
         limits["nvidia.com/gpu"] = int(res["gpu"])  # extended resources go in limits
     env = [{"name": k, "value": v} for k, v in sorted(envs.items())]
     env += [
-        {"name": "PAGEDSERVE_CACHE", "value": f"{CACHE}/pagedserve"},
-        {"name": "TORCH_EXTENSIONS_DIR", "value": f"{CACHE}/torch_extensions"},
-        {"name": "TRITON_CACHE_DIR", "value": f"{CACHE}/triton"},
+        # What a pod writes (kernel builds, Triton's cache, dequantized GGUFs) is its own: on
+        # a volume every replica shares, two pods building or converting at once write over
+        # each other's files. The shared volume holds only models read by HF id.
+        {"name": "PAGEDSERVE_CACHE", "value": f"{SCRATCH}/pagedserve"},
+        {"name": "TORCH_EXTENSIONS_DIR", "value": f"{SCRATCH}/torch_extensions"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{SCRATCH}/triton"},
         {"name": "HF_HOME", "value": f"{CACHE}/huggingface"},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
     ]
@@ -79,7 +83,8 @@ def manifest(name: str, image: str, config: dict[str, Any], envs: dict[str, str]
         "livenessProbe": {"httpGet": {"path": "/livez", "port": "http"}, "periodSeconds": 10,
                           "failureThreshold": 6},
         "resources": {k: v for k, v in (("requests", requests), ("limits", limits)) if v},
-        "volumeMounts": [{"name": "model-cache", "mountPath": CACHE},
+        "volumeMounts": [{"name": "model-cache", "mountPath": CACHE, "readOnly": replicas > 1},
+                         {"name": "scratch", "mountPath": SCRATCH},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
     }
     pod: dict[str, Any] = {
@@ -87,6 +92,7 @@ def manifest(name: str, image: str, config: dict[str, Any], envs: dict[str, str]
         "containers": [container],
         "volumes": [
             {"name": "model-cache", "persistentVolumeClaim": {"claimName": f"{name}-model-cache"}},
+            {"name": "scratch", "emptyDir": {"sizeLimit": "20Gi"}},  # this pod's own caches
             # Parallel ranks and the engine process share memory through /dev/shm; Docker's 64 MiB is too small.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
         ],

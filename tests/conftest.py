@@ -158,8 +158,9 @@ def bento_home(tmp_path_factory) -> Path:
 
 
 @contextlib.contextmanager
-def serving(bento_home: Path, tmp: Path, preset: str = PRESET):
-    """`bentoml serve` with this preset, in its own process group, until the block ends."""
+def serving(bento_home: Path, tmp: Path, preset: str = PRESET, api_key: str = KEY):
+    """`bentoml serve` with this preset, in its own process group, until the block ends.
+    `api_key` is $LLM_API_KEY: one key, or several separated by commas."""
     (tmp / "preset.yaml").write_text(preset)
     # Each server gets a BentoML home of its own that shares the model store: `bentoml serve`
     # empties its home's prometheus_multiproc_dir at start, which blanked the counters of a
@@ -169,7 +170,7 @@ def serving(bento_home: Path, tmp: Path, preset: str = PRESET):
     if not (home / "models").exists():
         (home / "models").symlink_to(bento_home / "models", target_is_directory=True)
     port = free_port()
-    env = {**offline_env(home), "PAGEDSERVE_CONFIG": str(tmp / "preset.yaml"), "LLM_API_KEY": KEY}
+    env = {**offline_env(home), "PAGEDSERVE_CONFIG": str(tmp / "preset.yaml"), "LLM_API_KEY": api_key}
     log = open(tmp / "server.log", "w")
     proc = subprocess.Popen([str(BIN / "bentoml"), "serve", "service:LLMService", "--host", "127.0.0.1",
                              "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -121,7 +121,7 @@ def test_loading_runs_the_environments_own_ninja_and_rebuilds_nothing(tmp_path):
     from torch.utils import cpp_extension
 
     assert cpu.load()
-    name = f"pagedserve_cpu_{cpu._cpu_key()}"
+    name = cpu.build_name()
     so = os.path.join(cpp_extension._get_build_directory(name, verbose=False), f"{name}.so")
     before = os.stat(so).st_mtime_ns
     fake = tmp_path / "ninja"
@@ -134,6 +134,22 @@ def test_loading_runs_the_environments_own_ninja_and_rebuilds_nothing(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "unavailable" not in res.stderr
     assert os.stat(so).st_mtime_ns == before
+
+
+def test_the_build_is_named_by_the_sources_content(tmp_path, monkeypatch):
+    """Two checkouts of different code on one machine build into two directories instead of
+    rebuilding each other's kernels at every load; the same code shares one."""
+    import shutil
+
+    copy = tmp_path / "csrc"
+    shutil.copytree(cpu.CSRC, copy)
+    monkeypatch.setattr(cpu, "SOURCES", [copy / p.name for p in cpu.SOURCES])
+    monkeypatch.setattr(cpu, "HEADERS", [copy / p.name for p in cpu.HEADERS])
+    same = cpu.build_name()
+    (copy / "vec.h").write_text((copy / "vec.h").read_text() + "\n// another checkout\n")
+    assert cpu.build_name() != same
+    monkeypatch.undo()
+    assert cpu.build_name() == same
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16, F32])

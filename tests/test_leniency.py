@@ -149,3 +149,15 @@ def test_a_template_that_raises_is_the_requests_error(default_model_dir):
     with pytest.raises(ParamError, match="strict mode refuses") as err:
         apply_chat_template(tok, SAY, template_kwargs={"strict": True})
     assert err.value.param == "chat_template_kwargs"
+
+
+@pytest.mark.unit
+def test_ignored_field_names_are_escaped_cut_and_counted():
+    """The names are the client's text: a CR/LF forged log lines and broke the header, a
+    non-Latin-1 one made the header a 500 after the whole generation."""
+    from engine.serving.app import MAX_SHOWN_FIELD, shown_fields
+
+    shown = shown_fields(["a\r\nX-Evil: 1", "caf\u00e9\u4e2d", "k" * 10_000] + [f"f{i}" for i in range(40)])
+    shown.encode("latin-1")  # a valid header value
+    assert "\r" not in shown and "\n" not in shown and shown.isprintable()
+    assert "k" * (MAX_SHOWN_FIELD + 1) not in shown and shown.endswith("(and 27 more)")

@@ -237,3 +237,29 @@ def test_tensor_parallel_speculation_matches_one_process(model_path, prompts, re
     assert stats.blocks_used == 0
     same = sum(g == w for g, w in zip(got_tokens, want_tokens))
     assert same >= 30, f"greedy output matched tp=1 on only {same} of 32 prompts"
+
+
+def test_the_rendezvous_store_listens_on_loopback_only():
+    """TCPStore's own server listens on every interface whatever host it is given; the
+    engine's listens on 127.0.0.1 alone, and a worker rank still reaches it."""
+    import datetime
+    import socket
+
+    from engine.parallel import open_store
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    timeout = datetime.timedelta(seconds=10)
+    store = open_store(port, 2, True, timeout)
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            addr, hexport = local.rsplit(":", 1)
+            if state == "0A" and int(hexport, 16) == port:  # 0A: LISTEN
+                listening.append(addr)
+    assert listening == ["0100007F"], listening  # 127.0.0.1, and nothing on 0.0.0.0 or ::
+    worker = open_store(port, 2, False, timeout)
+    worker.set("k", "v")
+    assert store.get("k") == b"v"

@@ -52,6 +52,10 @@ def test_gpu_preset_builds_with_its_scaling_settings_and_makes_a_k8s_manifest(be
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert env_vars["HF_HOME"]["value"].startswith(mounts["model-cache"])
+    # what a pod writes is its own: never on the volume the replicas share
+    for var in ("PAGEDSERVE_CACHE", "TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR"):
+        assert env_vars[var]["value"].startswith(mounts["scratch"]) and "emptyDir" in volumes["scratch"]
+    assert {m["name"]: m.get("readOnly", False) for m in container["volumeMounts"]}["model-cache"]
     claim = volumes["model-cache"]["persistentVolumeClaim"]["claimName"]
     assert claim == docs["PersistentVolumeClaim"]["metadata"]["name"]
     assert docs["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]

@@ -191,6 +191,25 @@ def test_the_pythonic_grammar_holds_calls_to_their_schemas():
         assert err.value.detail.param == param  # what the grammar cannot hold the model to is refused, not dropped
 
 
+@pytest.mark.unit
+def test_the_pythonic_grammar_grows_linearly_in_the_properties_and_is_capped():
+    """Each optional property's tail is one rule: 2,000 optional properties made a 40 MB
+    grammar when every alternative spelled out the rest. Past the bound, a 400 naming tools."""
+    from engine import limits
+    from engine.serving.errors import APIError
+    from engine.serving.pythonic_grammar import grammar
+
+    def tool(n: int) -> Tool:
+        return Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)}}}})
+
+    small, double = len(grammar([tool(100)], parallel=False)), len(grammar([tool(200)], parallel=False))
+    assert double < 2.2 * small  # linear, where it was quadratic
+    with pytest.raises(APIError) as err:
+        grammar([tool(2000)], parallel=False)
+    assert err.value.detail.param == "tools" and str(limits.MAX_GRAMMAR_CHARS) in str(err.value)
+
+
 @pytest.mark.served
 def test_a_forced_pythonic_call_the_grammar_cannot_hold_is_a_400_naming_the_keyword(serve):
     pattern = {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,9 +98,11 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)["tensors"]
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    # A directory of its own: a name from the pid collided across containers sharing the
+    # cache, where every process may be pid 1.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp", dir=out.parent))
+    tmp.chmod(0o755)  # as a plain mkdir would make it; mkdtemp makes 0700
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights we write are plain fp32
     config.save_pretrained(tmp)

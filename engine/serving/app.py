@@ -75,6 +75,21 @@ def parse(body: bytes, model: type[BaseModel], unknown: UnknownFields = "reject"
     raise bad_request("too many unrecognized fields: " + ", ".join(ignored[:20]), ignored[0] if ignored else None)
 
 
+MAX_SHOWN_FIELD = 64  # characters of one ignored field's name in the header and the log
+
+
+def shown_fields(names: list[str], most: int = 16) -> str:
+    """Ignored field names as a header value and a log line may carry them: printable ASCII
+    only (a name is the client's text: non-Latin-1 made the header a 500 after the whole
+    generation, CR/LF forged log lines), each cut short, at most `most`, with a count."""
+    def one(name: str) -> str:
+        safe = name.encode("ascii", "backslashreplace").decode("ascii")
+        safe = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in safe)
+        return safe if len(safe) <= MAX_SHOWN_FIELD else safe[:MAX_SHOWN_FIELD] + "..."
+    shown = ", ".join(one(n) for n in names[:most])
+    return shown + (f" (and {len(names) - most} more)" if len(names) > most else "")
+
+
 def _drop(data: Any, loc: tuple[Any, ...]) -> str:
     """Remove the unknown key at `loc` from the client's JSON; its path there."""
     path, node = _walk(data, loc[:-1])
@@ -220,9 +235,10 @@ def _openai_route(get_serving: GetServing, model: type[BaseModel], handler: Hand
             return error_response(exc)
         headers = {}
         if ignored:
+            shown = shown_fields(ignored)
             logger.warning("request %s to %s: ignored unknown fields %s", tracing.REQUEST_ID.get(),
-                           request.url.path, ", ".join(ignored))
-            headers[IGNORED_HEADER] = ", ".join(ignored)[:1024]
+                           request.url.path, shown)
+            headers[IGNORED_HEADER] = shown
         try:
             with tracing.continue_trace(request.headers):  # the request's span joins the caller's trace
                 work = asyncio.ensure_future(handler(serving, req))

@@ -20,6 +20,7 @@ import json
 import keyword
 from typing import Any
 
+from engine import limits
 from engine.serving.errors import bad_request
 from engine.serving.protocol import Tool
 
@@ -60,11 +61,15 @@ def grammar(tools: list[Tool], parallel: bool, offered: list[Tool] | None = None
         required = params.get("required", [])
         members = [(_lit(f"{key}="), _value(schema, f"{where}.properties.{key}", rules), key in required)
                    for key, schema in params.get("properties", {}).items()]
-        rules.append(f"call{i} ::= {_lit(fn.name + '(')} {_members(members)} \")\"")
+        rules.append(f"call{i} ::= {_lit(fn.name + '(')} {_members(members, rules)} \")\"")
         calls.append(f"call{i}")
     call = " | ".join(calls)
     root = f'"[" ({call}) (", " ({call}))* "]"' if parallel else f'"[" ({call}) "]"'
-    return "\n".join([f"root ::= {root}", *rules]) + _BASE
+    text = "\n".join([f"root ::= {root}", *rules]) + _BASE
+    if len(text) > limits.MAX_GRAMMAR_CHARS:
+        raise bad_request(f"the tools' schemas make a pythonic-call grammar of {len(text)} characters; at most "
+                          f"{limits.MAX_GRAMMAR_CHARS} are accepted", "tools")
+    return text
 
 
 def _value(schema: Any, where: str, rules: list[str]) -> str:
@@ -110,23 +115,30 @@ def _value(schema: Any, where: str, rules: list[str]) -> str:
         required = schema.get("required", [])
         members = [(_lit(json.dumps(k) + ": "), _value(s, f"{where}.properties.{k}", rules), k in required)
                    for k, s in props.items()]
-        name = f"obj{len(rules)}"
-        rules.append(f'{name} ::= "{{" {_members(members)} "}}"')
+        at = len(rules)
+        name = f"obj{at}"
+        rules.append("")  # its place, before the rules _members adds
+        rules[at] = f'{name} ::= "{{" {_members(members, rules)} "}}"'
         return name
     raise bad_request(f"type {kind!r} cannot be written as a Python literal", where)
 
 
-def _members(members: list[tuple[str, str, bool]]) -> str:
+def _members(members: list[tuple[str, str, bool]], rules: list[str]) -> str:
     """key-value pairs in order, joined by ", ": every required one, any optional ones.
     Each alternative starts with the first pair present; none may start after a
-    required pair."""
+    required pair. What may follow pair k is a rule of its own (`tail`), so the grammar
+    grows linearly in the pairs: spelled out in every alternative it grew as their
+    square (2,000 optional properties made 40 MB)."""
     if not members:
         return '""'
-    def rest(k: int) -> str:
-        return " ".join(f'(", " {key} {value})' + ("" if req else "?") for key, value, req in members[k:])
+    base = f"tail{len(rules)}"
+    tails = [f"{base}_{k}" for k in range(len(members) + 1)]
+    for k, (key, value, req) in enumerate(members):
+        rules.append(f'{tails[k]} ::= (", " {key} {value}){"" if req else "?"} {tails[k + 1]}')
+    rules.append(f'{tails[-1]} ::= ""')
     alts = []
     for i, (key, value, req) in enumerate(members):
-        alts.append(f"{key} {value} {rest(i + 1)}".strip())
+        alts.append(f"{key} {value} {tails[i + 1]}")
         if req:
             break
     else:
