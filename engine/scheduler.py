@@ -34,6 +34,30 @@ class Batch:
         return len(self.seqs)
 
 
+# The prompt positions one step scores for prompt_logprobs, in all: each is a row of
+# logits over the whole vocabulary (a 2,048-token chunk of a 128K-vocabulary model is 1 GB
+# of fp32 that no KV sizing reserved), so a prompt that asks is computed this many
+# positions a step, while the other sequences' tokens fill the rest of the budget.
+PROMPT_LOGPROB_ROWS = 256
+UNBOUNDED = 1 << 62
+
+
+def _scored(seq: Sequence, num_new: int, computed: int | None = None) -> int:
+    """How many of num_new positions score seq's prompt: position p scores token p + 1, so
+    the prompt's last position scores nothing (it predicts the first output)."""
+    if seq.params.prompt_logprobs is None:
+        return 0
+    c = seq.num_computed_tokens if computed is None else computed
+    return max(0, min(c + num_new, seq.num_prompt_tokens - 1) - c)
+
+
+def _scored_room(seq: Sequence, room: int, computed: int | None = None) -> int:
+    """The most new tokens seq may take with `room` scored rows left in the step."""
+    c = seq.num_computed_tokens if computed is None else computed
+    to_score = seq.num_prompt_tokens - 1 - c if seq.params.prompt_logprobs is not None else 0
+    return UNBOUNDED if to_score <= room else max(0, room)
+
+
 class Scheduler:
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  policy: str = "fcfs", num_spec: int = 0, spec_max_batch: int | None = None,
@@ -97,6 +121,7 @@ class Scheduler:
         if self.spec_max_rows is not None:
             spec = min(spec, max(0, self.spec_max_rows // max(1, len(self.running)) - 1))
         scheduled: set[int] = set()
+        scored = PROMPT_LOGPROB_ROWS  # prompt positions this step may still score
         for seq in list(self.running):  # a copy: preemption takes sequences out of running
             if budget <= 0 or len(batch.seqs) >= cap:
                 break
@@ -109,7 +134,9 @@ class Scheduler:
             unit = self._unit(seq, scheduled) if gap == 1 and seq.group is not None else [seq]
             if len(unit) > 1 and (len(unit) > budget or len(batch.seqs) + len(unit) > cap):
                 break
-            nums = [1] * len(unit) if len(unit) > 1 else [min(gap, budget)]
+            nums = [1] * len(unit) if len(unit) > 1 else [min(gap, budget, _scored_room(seq, scored))]
+            if not nums[0]:
+                continue  # its prompt's scores wait for the next step's rows
             allow = 0
             if spec and len(unit) == 1 and gap == 1:
                 # never past max_tokens: the step emits at most allow + 1 tokens
@@ -123,6 +150,7 @@ class Scheduler:
                 batch.spec_allow.append(allow)
                 scheduled.add(member.seq_id)
                 budget -= num_new
+                scored -= _scored(member, num_new)
 
         # Then admit waiting sequences, unless this step already had to preempt.
         while self.waiting and budget > 0 and not batch.num_preempted and len(batch.seqs) < cap:
@@ -133,9 +161,10 @@ class Scheduler:
                 break
             cached = kv.find_cached(seq)
             num_cached = len(cached) * kv.block_size
-            num_new = min(seq.num_tokens - num_cached, budget)
-            if not kv.allocate(seq, num_new, cached):
+            num_new = min(seq.num_tokens - num_cached, budget, _scored_room(seq, scored, num_cached))
+            if not num_new or not kv.allocate(seq, num_new, cached):
                 break
+            scored -= _scored(seq, num_new, num_cached)
             self.waiting.popleft()
             seq.num_computed_tokens = num_cached
             if seq.num_preemptions == 0:

@@ -300,6 +300,47 @@ def test_a_stalled_core_turns_liveness_false_and_never_blocks_the_caller(config)
     llm.shutdown()
 
 
+def test_stats_on_a_busy_core_hold_a_caller_briefly_and_ask_once(config):
+    """/stats while the core is inside a long step: every caller gets the last reading
+    after at most its timeout (it held a worker thread for 30 s), and however many ask,
+    the core is asked once."""
+    import threading
+
+    from engine.messages import GetStats
+
+    engine = LLMEngine(config)
+    gate, inside, real_step = threading.Event(), threading.Event(), engine.step
+
+    def long_step():
+        inside.set()
+        gate.wait(30)
+        return real_step()
+
+    engine.step = long_step
+    llm = AsyncLLM(engine)
+    asked = []
+    real_put = llm._core._put
+    llm._core._put = lambda cmd: (asked.append(cmd) if isinstance(cmd, GetStats) else None, real_put(cmd))[1]
+
+    async def scenario():
+        gen = llm.generate("hi", SamplingParams(max_tokens=2))
+        first = asyncio.ensure_future(gen.__anext__())
+        await asyncio.to_thread(inside.wait, 10)
+        start = time.monotonic()
+        readings = await asyncio.gather(*(asyncio.to_thread(llm.stats, 0.3) for _ in range(6)))
+        assert time.monotonic() - start < 3 and all(r["engine_alive"] for r in readings)
+        assert len(asked) == 1
+        gate.set()
+        await first
+        await gen.aclose()
+
+    try:
+        run(scenario(), timeout=60)
+    finally:
+        gate.set()
+        llm.shutdown()
+
+
 def test_the_waiting_queue_is_bounded_and_gives_its_places_back(llm):
     """Requests waiting for their first token are bounded in number and prompt tokens; past
     a bound the caller is refused at once, and every place comes back however a request ends."""

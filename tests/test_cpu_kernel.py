@@ -109,6 +109,29 @@ def test_store_kv_refuses_a_slot_outside_the_cache():
         cpu.store_kv(key, key, k_cache, v_cache, torch.tensor([32]))
 
 
+@pytest.mark.parametrize("field,value,match", [
+    ("tables", [[0, 7]], "outside the pool"),  # block 7 of a pool of 4
+    ("tables", [[0, -1]], "outside the pool"),
+    ("lens", [40], "blocks of 16"),  # longer than its table holds
+    ("qsl", [0, 3], "query_start_loc"),  # more queries than the query has
+    ("lens", [0], "new tokens"),  # fewer keys than the new tokens themselves
+])
+def test_paged_attention_refuses_a_layout_that_would_read_outside_its_blocks(field, value, match):
+    """The offsets come from Python: a bad one is an error naming it, never a read of
+    another sequence's cache or past the pool."""
+    k_cache, v_cache = torch.zeros(4, 16, 2, 64), torch.zeros(4, 16, 2, 64)
+    given = {"tables": [[0, 1]], "lens": [20], "qsl": [0, 2]}
+    given[field] = value
+    q = torch.randn(2, 4, 64)
+    with pytest.raises(RuntimeError, match=match):
+        cpu.paged_attention(q, k_cache, v_cache, torch.tensor(given["tables"], dtype=torch.int32),
+                            torch.tensor(given["qsl"], dtype=torch.int32),
+                            torch.tensor(given["lens"], dtype=torch.int32), 0.125)
+    ok = cpu.paged_attention(q, k_cache, v_cache, torch.tensor([[0, 1]], dtype=torch.int32),
+                             torch.tensor([0, 2], dtype=torch.int32), torch.tensor([20], dtype=torch.int32), 0.125)
+    assert ok.shape == q.shape
+
+
 def test_loading_runs_the_environments_own_ninja_and_rebuilds_nothing(tmp_path):
     """A server (venv bin first on PATH) and a plain `python` found different ninjas, which
     read each other's build log as foreign and recompiled the kernels (~25 s) at every

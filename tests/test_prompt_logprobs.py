@@ -48,6 +48,44 @@ def test_prompt_logprobs_match_transformers_across_chunks_and_a_warm_prefix_cach
 
 
 @pytest.mark.engine
+def test_a_step_scores_at_most_its_bound_of_prompt_positions(tokenizer, monkeypatch):
+    """Each scored position is a row of logits over the whole vocabulary: prompts asking
+    for prompt_logprobs are computed PROMPT_LOGPROB_ROWS positions a step, in all, and a
+    plain request beside them still takes the rest of the budget."""
+    from engine import scheduler
+    from engine.engine import LLMEngine
+    from engine.config import EngineConfig
+
+    monkeypatch.setattr(scheduler, "PROMPT_LOGPROB_ROWS", 40)
+    engine = LLMEngine(EngineConfig.create(dtype="float32", max_num_seqs=8, max_num_batched_tokens=256,
+                                           max_model_len=256, kv_cache_memory_bytes=32 << 20,
+                                           enable_prefix_caching=False))
+    scored = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
+    first, second = make_prompts(tokenizer, 2, 100)
+    engine.add_request("scored-0", first, scored)
+    engine.add_request("plain", make_prompts(tokenizer, 1, 120)[0], SamplingParams(temperature=0, max_tokens=1))
+    engine.add_request("scored-1", second, scored)
+    rows, plain_first = [], None
+    real = engine.scheduler.schedule
+
+    def watch(*args):
+        batch = real(*args)
+        rows.append(sum(scheduler._scored(s, n) for s, n in zip(batch.seqs, batch.num_new)))
+        return batch
+
+    engine.scheduler.schedule = watch
+    outs = {}
+    while engine.has_unfinished():
+        for d in engine.step().outputs:
+            outs[d.request_id] = d
+            if d.request_id == "plain" and plain_first is None:
+                plain_first = len(rows)
+    assert max(rows) == 40 and sum(rows) == 2 * 99  # every position scored, 40 a step at most
+    assert plain_first == 1  # its whole prompt in the first step, beside the first scored chunk
+    assert all(len(outs[f"scored-{i}"].prompt_logprobs) == 100 for i in range(2))
+
+
+@pytest.mark.engine
 def test_bad_words_are_never_generated(llm, tokenizer):
     prompt = "The capital of France is"
     free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0].outputs[0].text

@@ -10,6 +10,8 @@ which the HTTP layer answers with 429 and Retry-After, rather than queued withou
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import math
 import threading
 from collections.abc import Callable
@@ -79,7 +81,9 @@ class Offload:
         self.threshold = threshold  # characters of input from which the work leaves the loop
         self.max_waiting = max_waiting
         self.waiting = 0
-        self._slots = asyncio.Semaphore(workers)
+        # Threads of its own: on asyncio's default pool it queued behind whatever else ran
+        # there (a /stats call waiting on a busy core held one for up to its timeout).
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="tokenize")
 
     async def run(self, size: int, fn: Callable[..., T], *args: Any) -> T:
         if size < self.threshold:
@@ -89,7 +93,6 @@ class Offload:
                                  "be tokenized; retry later", 1.0)
         self.waiting += 1
         try:
-            async with self._slots:
-                return await asyncio.to_thread(fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
         finally:
             self.waiting -= 1

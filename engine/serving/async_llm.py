@@ -181,11 +181,12 @@ class AsyncLLM:
     def error(self) -> BaseException | None:
         return self._dead
 
-    def stats(self, timeout: float = 30.0) -> dict[str, Any]:
+    def stats(self, timeout: float = 2.0) -> dict[str, Any]:
         """The engine's stats, read by the core between two steps, plus liveness.
 
-        Computed when asked, never per step; a dead engine answers with its last reading.
-        """
+        Computed when asked, never per step; callers asking at once share one reading
+        (client.stats). A dead engine, or one whose step outlasts `timeout`, answers with
+        its last reading: the caller's thread is held that long at most, where it was 30 s."""
         stats = self._core.last_stats if self._dead is not None else self._core.stats(timeout)
         return {**asdict(stats), "engine_alive": self.is_alive, "engine_responsive": self.is_responsive}
 

@@ -64,6 +64,7 @@ class EngineCoreClient(ABC):
         self._on_added, self._on_step, self._on_dead = on_added, on_step, on_dead
         self._send_lock = threading.Lock()  # the stats waiters and the commands in the same order
         self._stats_waiters: queue.SimpleQueue[concurrent.futures.Future] = queue.SimpleQueue()
+        self._stats_asked: concurrent.futures.Future | None = None  # the GetStats not yet answered
         self.last_event = time.monotonic()  # when the core last said anything (a heartbeat at least)
 
     @property
@@ -97,12 +98,16 @@ class EngineCoreClient(ABC):
             pass
 
     def stats(self, timeout: float) -> EngineStats:
-        """Read by the core between two steps; the last reading if it does not answer in time."""
-        answer: concurrent.futures.Future = concurrent.futures.Future()
+        """Read by the core between two steps; the last reading if it does not answer in time.
+        A call while another's question is unanswered waits for that answer: a core busy
+        in a long step gets one GetStats, not one per poll of /stats."""
         try:
             with self._send_lock:
-                self._stats_waiters.put(answer)
-                self._put(GetStats())
+                answer = self._stats_asked
+                if answer is None or answer.done():
+                    answer = self._stats_asked = concurrent.futures.Future()
+                    self._stats_waiters.put(answer)
+                    self._put(GetStats())
             return answer.result(timeout)
         except (concurrent.futures.TimeoutError, OSError):
             return self.last_stats

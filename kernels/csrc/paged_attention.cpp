@@ -484,6 +484,31 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
   });
 }
 
+// What comes from Python, checked before any of it becomes a pointer offset: the kernel
+// reads K/V through these, and one bad entry would read another sequence's cache, or past
+// the pool. One pass over the sequences and the blocks they read: a few microseconds a
+// layer at 64 sequences of 2,048 tokens.
+void check_layout(int64_t tokens, int64_t num_blocks, int64_t bs, const at::Tensor& tables, const at::Tensor& qsl,
+                  const at::Tensor& lens) {
+  TORCH_CHECK(tables.dim() == 2 && qsl.dim() == 1 && lens.dim() == 1, "block_tables [S, W], query_start_loc "
+              "[S + 1], seq_lens [S]");
+  const int64_t S = lens.size(0), width = tables.size(1);
+  TORCH_CHECK(qsl.size(0) == S + 1 && tables.size(0) >= S, "query_start_loc and block_tables must cover seq_lens");
+  const int32_t* qs = qsl.data_ptr<int32_t>();
+  const int32_t* ls = lens.data_ptr<int32_t>();
+  const int32_t* tp = tables.data_ptr<int32_t>();
+  TORCH_CHECK(qs[0] == 0 && qs[S] == tokens, "query_start_loc must run from 0 to the query's ", tokens, " tokens");
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t nq = static_cast<int64_t>(qs[i + 1]) - qs[i];
+    TORCH_CHECK(nq >= 0 && nq <= ls[i] && ls[i] <= width * bs, "sequence ", i, ": ", nq, " new tokens, length ",
+                ls[i], ", ", width, " blocks of ", bs, " in its table");
+    if (nq == 0) continue;  // not read
+    for (int64_t b = 0, used = (ls[i] + bs - 1) / bs; b < used; ++b)
+      TORCH_CHECK(tp[i * width + b] >= 0 && tp[i * width + b] < num_blocks, "sequence ", i, ": block ",
+                  tp[i * width + b], " is outside the pool of ", num_blocks);
+  }
+}
+
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& query_start_loc,
                            const at::Tensor& seq_lens, double scale) {
@@ -501,6 +526,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache, c
   auto tables = block_tables.contiguous();
   auto qsl = query_start_loc.contiguous();
   auto lens = seq_lens.contiguous();
+  check_layout(q.size(0), k_cache.size(0), bs, tables, qsl, lens);
   auto out = at::empty_like(q);
   if (q.size(0) == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
