@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import re
+import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -93,7 +95,8 @@ class Grammars:
             self._sweep()
             self._xgr()
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile",
+                                                initializer=_yield_cpu)
             self._running[key] = self._pool.submit(_compile, self._compiler, so)
         return self._running[key]
 
@@ -182,6 +185,16 @@ class Grammars:
         full = bitmask.new_zeros((logits.shape[0], bitmask.shape[1]))
         full[rows] = bitmask
         xgr.apply_token_bitmask_inplace(logits[:, : self.vocab_size], full, indices=rows)
+
+
+def _yield_cpu() -> None:
+    """The compile thread runs at the lowest priority: a compile that outlives its deadline
+    runs on, and on a machine whose cores the engine's threads already fill it should take
+    only what they leave, not slow every step down (Linux gives each thread its own nice)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux, or not allowed: compile at normal priority
+        pass
 
 
 def _compile(c: Any, so: Constraint) -> Any:

@@ -106,6 +106,61 @@ def test_api_key_middleware_is_open_without_a_key(monkeypatch):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("raw", ["", "   ", " , ,"])
+def test_a_key_variable_holding_no_key_stops_the_server(monkeypatch, raw):
+    """Read as "no keys", an empty LLM_API_KEY served every caller unauthenticated."""
+    from engine.serving.middleware import APIKeyMiddleware
+
+    monkeypatch.setenv("LLM_API_KEY", raw)
+    with pytest.raises(ValueError, match="holds no key"):
+        APIKeyMiddleware(lambda scope, receive, send: None)
+
+
+@pytest.mark.unit
+def test_each_key_is_a_tenant_with_its_own_in_flight_quota(monkeypatch):
+    """The route runs with the caller's tenant set (a hash, never the key), and a key past
+    max_in_flight_per_key gets 429 while another key's requests go on."""
+    import asyncio
+    import threading
+
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from engine.serving.middleware import APIKeyMiddleware
+    from engine.serving.tenancy import TENANT
+
+    release, entered = threading.Event(), threading.Event()
+
+    async def slow(request):
+        entered.set()
+        await asyncio.to_thread(release.wait, 10)
+        return PlainTextResponse(TENANT.get() or "")
+
+    async def who(request):
+        return PlainTextResponse(TENANT.get() or "")
+
+    inner = Starlette(routes=[Route("/v1/slow", slow), Route("/v1/who", who)])
+    monkeypatch.setenv("LLM_API_KEY", "key-a,key-b")
+    tc = TestClient(APIKeyMiddleware(inner, max_in_flight_per_key=1))
+    a, b = ({"Authorization": f"Bearer {k}"} for k in ("key-a", "key-b"))
+    tenant_a, tenant_b = tc.get("/v1/who", headers=a).text, tc.get("/v1/who", headers=b).text
+    assert tenant_a and tenant_b and tenant_a != tenant_b and "key" not in tenant_a
+    held = threading.Thread(target=lambda: tc.get("/v1/slow", headers=a))
+    held.start()
+    try:
+        assert entered.wait(10)
+        busy = tc.get("/v1/who", headers=a)
+        assert busy.status_code == 429 and busy.json()["error"]["code"] == "key_concurrency"
+        assert tc.get("/v1/who", headers=b).status_code == 200  # another key is not held up
+    finally:
+        release.set()
+        held.join(10)
+    assert tc.get("/v1/who", headers=a).status_code == 200  # its place came back
+
+
+@pytest.mark.unit
 def test_a_non_ascii_key_matches_as_the_utf8_bytes_a_client_sends(monkeypatch):
     from starlette.testclient import TestClient
 
