@@ -68,12 +68,12 @@ class EngineCore:
         engine = self.engine
         while True:
             engine.check_health()  # a parallel worker's death ends the loop, busy or idle
-            idle = COMPILE_POLL_S if engine.compiling else HEALTH_CHECK_S
+            idle = COMPILE_POLL_S if engine.compiles else HEALTH_CHECK_S
             for cmd in source(0.0 if engine.has_unfinished() else idle):
                 if not self.handle(cmd):
                     self.emit(Stopped())
                     return
-            for request_id, error in engine.poll_compiles():
+            for request_id, error in engine.compiles.poll():
                 self.emit(Added(request_id, None if error is None else ErrorInfo.of(error)))
             if engine.has_unfinished():
                 self.emit(engine.step())

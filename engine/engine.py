@@ -13,13 +13,11 @@ import hashlib
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass
 
 import torch
 
 from engine import intake, spec, stopping
+from engine.compiling import CompileWaits
 from engine.beam import BeamSearch
 from engine.config import EngineConfig, Placement
 from engine.detokenizer import Detokenizer
@@ -32,21 +30,11 @@ from engine.request import Request
 from engine.rejection_sampler import Draft, Verdict
 from engine.runner import StepInput, StepLogits, prepare
 from engine.sampler import Sampler, SamplingRow, make_generator
-from engine.sampling_params import Constraint, SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch, Scheduler
 from engine.sequence import Sequence, Status
 from engine.stats import EngineStats, StatsTracker, StepStats
 from engine.structured import Grammars
-
-
-@dataclass
-class Compiling:
-    """A request admitted but for its constraint, which is compiling off the core's thread."""
-
-    constraint: Constraint
-    future: Future
-    deadline: float
-    queue: Callable[[], None]  # puts the request in the scheduler once the grammar is there
 
 
 def _child_seed(seed: int, index: int) -> int:
@@ -92,7 +80,7 @@ class LLMEngine:
         self._inflight: deque[tuple[Batch, StepInput]] = deque()  # submitted, logits not yet taken
         self.grammars = Grammars(self.tokenizer, hf_config.vocab_size, self.eos_token_ids,
                                  timeout_s=config.grammar_compile_timeout_s)
-        self._compiling: dict[str, Compiling] = {}  # requests whose constraint is compiling
+        self.compiles = CompileWaits(self.grammars)  # requests whose constraint is compiling
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed, grammars=self.grammars)
         self.proposer = None if sc is None else spec.create(
             sc, draft, config, placement, resolved.num_blocks, resolved.attention_backend, self.kv_manager,
@@ -132,12 +120,12 @@ class LLMEngine:
         ParamError naming the field for what only the engine can check (engine/intake.py).
         `priority` orders the queue when the config's scheduling_policy is "priority".
 
-        False when its constraint is still compiling (off this thread): `poll_compiles`
+        False when its constraint is still compiling (off this thread): `compiles.poll`
         says when it has been queued, or why it failed."""
         params = params or SamplingParams()
         if priority != 0 and self.config.scheduling_policy != "priority":
             raise ParamError("priority", "priority needs the engine's scheduling_policy to be \"priority\"")
-        if request_id in self.requests or request_id in self._compiling:
+        if request_id in self.requests or request_id in self.compiles:
             raise ParamError("request_id", f"request_id {request_id!r} is already in use")
         if params.use_beam_search and self.config.speculative_config is not None:
             raise ParamError("use_beam_search", "beam search cannot run on an engine with speculative_config")
@@ -145,36 +133,13 @@ class LLMEngine:
         admitted = intake.admit(token_ids, params, vocab_size=self.hf_config.vocab_size,
                                 max_model_len=self.max_model_len, max_num_seqs=self.config.max_num_seqs,
                                 tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids, device=self.device)
+        def queue() -> None:
+            self._queue(request_id, token_ids, params, admitted, cache_salt, priority)
+
         if params.structured is not None:
-            future = self.grammars.submit(params.structured)  # too large, or known too slow: fails here
-            if future is not None:
-                self._compiling[request_id] = Compiling(
-                    params.structured, future, time.monotonic() + self.grammars.timeout_s,
-                    lambda: self._queue(request_id, token_ids, params, admitted, cache_salt, priority))
-                return False
-        self._queue(request_id, token_ids, params, admitted, cache_salt, priority)
+            return self.compiles.start(request_id, params.structured, queue)
+        queue()
         return True
-
-    def poll_compiles(self, wait: bool = False) -> list[tuple[str, ParamError | None]]:
-        """The requests whose constraint has compiled (now queued: None) or failed, been
-        found invalid or run past its deadline (the ParamError). `wait` blocks until each
-        is one or the other, for the offline API, which has nothing else to do."""
-        settled = []
-        for rid, c in list(self._compiling.items()):
-            try:
-                if self.grammars.result(c.constraint, c.future, c.deadline, wait) is None:
-                    continue
-            except ParamError as exc:
-                settled.append((rid, exc))
-            else:
-                c.queue()
-                settled.append((rid, None))
-            del self._compiling[rid]
-        return settled
-
-    @property
-    def compiling(self) -> bool:
-        return bool(self._compiling)
 
     def _queue(self, request_id: str, token_ids: list[int], params: SamplingParams, admitted: intake.Admitted,
                cache_salt: str | None, priority: int) -> None:
@@ -201,7 +166,7 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> RequestDelta | None:
         """Stop a request now and free its blocks. Unknown or finished ids are ignored."""
-        self._compiling.pop(request_id, None)  # its compile goes on: the grammar is cached for the next
+        self.compiles.drop(request_id)
         req = self.requests.pop(request_id, None)
         if req is None:
             return None

@@ -100,7 +100,7 @@ class LLM:
                 rid = str(next(self._ids))
                 token_ids = self.engine.tokenize(prompt)
                 if not self.engine.add_request(rid, token_ids, p):  # its constraint is compiling
-                    for _, error in self.engine.poll_compiles(wait=True):
+                    for _, error in self.engine.compiles.poll(wait=True):
                         if error is not None:
                             raise error
                 collector.expect(rid, prompt if isinstance(prompt, str) else None, token_ids)

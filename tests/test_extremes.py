@@ -138,4 +138,4 @@ def test_the_core_steps_others_while_a_constraint_compiles(tiny_model_factory):
     EngineCore(engine, events.append).run(source)
     added = [e.request_id for e in events if isinstance(e, Added)]
     assert added == ["plain"], added  # the slow one is still compiling when the plain one is done
-    assert engine.compiling
+    assert engine.compiles
