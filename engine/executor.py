@@ -19,6 +19,7 @@ import torch.multiprocessing as tmp
 
 from engine import parallel, spawn
 from engine.config import EngineConfig, Placement, ResolvedConfig, measures_memory
+from engine.errors import EngineDeadError
 from engine.models import loader
 from engine.runner import HEADER, NOOP, STOP, ModelRunner, StepTensors
 from engine.worker import WorkerSpec, build, main
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 KEEPALIVE_S = 30.0  # an idle driver says so this often: a worker's receive never times out
 
 
-class WorkerDiedError(RuntimeError):
+class WorkerDiedError(EngineDeadError):
     """A worker process of a parallel engine exited: the engine cannot run another step."""
 
 

@@ -146,6 +146,8 @@ class LLM:
             # A step that raised left requests half-appended and batches in flight: stepping
             # again would spin on them for ever. The engine is done; say so now and later.
             self._fault = exc
+            if isinstance(exc, EngineDeadError):  # a dead parallel worker says so itself
+                raise
             raise EngineDeadError(f"the engine failed in a step and cannot go on: {type(exc).__name__}: {exc}"
                                   ) from exc
         finally:
