@@ -13,11 +13,12 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import queue
 import re
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -68,7 +69,10 @@ class Grammars:
         self._cache_size = cache_size
         self._running: dict[Key, Future] = {}  # submitted and not yet taken into the cache
         self._too_slow: OrderedDict[Key, None] = OrderedDict()
-        self._pool: ThreadPoolExecutor | None = None
+        # One daemon thread, not a ThreadPoolExecutor: the interpreter joins an executor's
+        # threads at exit, so a compile past its deadline held the engine process's exit.
+        self._todo: queue.SimpleQueue[tuple[Future, Any, Constraint]] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
 
     def _xgr(self) -> Any:
         import xgrammar  # late: requests without constraints never pay for it
@@ -94,10 +98,13 @@ class Grammars:
         if key not in self._running:
             self._sweep()
             self._xgr()
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile",
-                                                initializer=_yield_cpu)
-            self._running[key] = self._pool.submit(_compile, self._compiler, so)
+            if self._worker is None:
+                self._worker = threading.Thread(target=_compile_loop, args=(self._todo,), name="grammar-compile",
+                                                daemon=True)
+                self._worker.start()
+            future: Future = Future()
+            self._todo.put((future, self._compiler, so))
+            self._running[key] = future
         return self._running[key]
 
     def result(self, so: Constraint, future: Future, deadline: float, wait: bool = False) -> Any | None:
@@ -195,6 +202,18 @@ def _yield_cpu() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):  # not Linux, or not allowed: compile at normal priority
         pass
+
+
+def _compile_loop(todo: queue.SimpleQueue) -> None:
+    _yield_cpu()
+    while True:
+        future, compiler, so = todo.get()
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            future.set_result(_compile(compiler, so))
+        except BaseException as exc:  # noqa: BLE001 - the request's error, raised where it waits
+            future.set_exception(exc)
 
 
 def _compile(c: Any, so: Constraint) -> Any:

@@ -38,7 +38,6 @@ def test_a_cpu_that_cannot_pack_bf16_keeps_plain_linears(dtype, tiny_model_facto
 
 ALLOCATOR = """
 import ctypes, sys
-from engine import LLM
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -49,18 +48,22 @@ libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = MallInfo2
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
-if sys.argv[2] == "off":
-    from kernels import cpu
-    cpu.keep_freed_memory = lambda: False
-LLM(sys.argv[1], dtype="float32", max_num_seqs=4, max_model_len=128)
 size = 30 << 20  # a step's logits at 160 rows of a 49,152-token vocabulary; under the 32 MB bound
-before = libc.mallinfo2()
-first = libc.malloc(size)
-mapped = libc.mallinfo2().hblks - before.hblks
-libc.free(first)
-kept = libc.mallinfo2().fordblks
-second = libc.malloc(size)
-print(mapped, int(kept >= size), int(second == first))
+
+def probe():
+    before = libc.mallinfo2()
+    first = libc.malloc(size)
+    mapped = libc.mallinfo2().hblks - before.hblks
+    libc.free(first)
+    kept = libc.mallinfo2().fordblks
+    second = libc.malloc(size)
+    libc.free(second)
+    return [mapped, int(kept >= size), int(second == first)]
+
+default = probe()  # glibc as it comes, before anything is imported
+from engine import LLM
+LLM(sys.argv[1], dtype="float32", max_num_seqs=4, max_model_len=128)
+print(*default, *probe())
 """
 
 
@@ -72,11 +75,9 @@ def test_an_engine_process_keeps_freed_step_buffers_mapped(tiny_model_factory):
     through glibc's own accounting, which the host cannot change; the page faults this
     saves are scripts/bench_page_faults.py's to count."""
     model = str(tiny_model_factory("allocator", num_hidden_layers=1, hidden_size=64))
-    seen = {}
-    for mode in ("on", "off"):
-        res = subprocess.run([sys.executable, "-c", ALLOCATOR, model, mode], capture_output=True, text=True,
-                             timeout=300, cwd=ROOT)
-        assert res.returncode == 0, res.stderr[-3000:]
-        seen[mode] = [int(v) for v in res.stdout.split()[-3:]]
-    assert seen["on"] == [0, 1, 1], seen  # not mapped on its own, kept when freed, reused
-    assert seen["off"][0] == 1, seen  # glibc's default: its own mapping, unmapped on free
+    res = subprocess.run([sys.executable, "-c", ALLOCATOR, model], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    seen = [int(v) for v in res.stdout.split()[-6:]]
+    assert seen[0] == 1, seen  # glibc's default: its own mapping, unmapped on free
+    assert seen[3:] == [0, 1, 1], seen  # in an engine process: from the heap, kept when freed, reused
