@@ -69,3 +69,33 @@ def test_responses_expire_after_max_age(monkeypatch):
     store.put("new", "{}", b"[]")
     now[0] += 31
     assert store.get("old") is None and store.get("new") is not None
+
+
+def test_a_sweep_drops_the_expired_without_an_access(monkeypatch):
+    import engine.serving.response_store as mod
+
+    now = [1000.0]
+    monkeypatch.setattr(mod.time, "monotonic", lambda: now[0])
+    store = ResponseStore(max_age_s=60)
+    store.put("old", "{}", b"[]")
+    now[0] += 61
+    assert len(store) == 1 and store.bytes > 0
+    store.sweep()
+    assert len(store) == 0 and store.bytes == 0
+
+
+def test_echoed_reasoning_items_are_not_kept():
+    """They never reach a prompt, so keeping them stored data no prompt bound limited."""
+    from types import SimpleNamespace
+
+    from engine.serving import responses
+    from engine.serving.responses_protocol import MessageItem, ReasoningItem, Response, ResponsesRequest
+
+    serving = SimpleNamespace(store=ResponseStore())
+    req = ResponsesRequest.model_validate({"input": "hi", "store": True})
+    resp = Response(model="m", status="completed")
+    big = ReasoningItem(type="reasoning", content=[{"type": "reasoning_text", "text": "r" * 1_000_000}])
+    responses._keep(serving, req, resp, [MessageItem(role="user", content="hi"), big])
+    assert serving.store.bytes < 10_000
+    kept = responses.CONVERSATION.validate_json(serving.store.get(resp.id).conversation)
+    assert [type(i).__name__ for i in kept] == ["MessageItem"]

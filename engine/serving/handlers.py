@@ -176,6 +176,7 @@ class OpenAIServing:
                      req: SamplingFields, names: dict[str, str], operation: str = "text_completion"
                      ) -> list[Started]:
         """Submit every prompt and await each one's first delta; all or nothing."""
+        self.store.sweep()  # expired stored responses go with any traffic, not only their own
         salt = tenancy.cache_salt(req.cache_salt, self.cache_scope)
         gens = [self.llm.generate(p, params, f"{base_id}-{i}", salt, operation, self.model_name,
                                   req.priority) for i, p in enumerate(prompts)]

@@ -72,6 +72,12 @@ class ResponseStore:
         self._drop(rid)
         return True
 
+    def sweep(self) -> None:
+        """Drop what has expired, without waiting for an access to it: the service calls it
+        on every request it generates for, so expired conversations leave memory even on a
+        server whose clients never touch the Responses API again."""
+        self._evict()
+
     def _drop(self, rid: str) -> None:
         old = self._items.pop(rid, None)
         if old is None:

@@ -203,7 +203,10 @@ def _keep(serving: OpenAIServing, req: ResponsesRequest, resp: Response, convers
         elif isinstance(item, OutputFunctionCall):
             out.append(FunctionCallItem(type="function_call", call_id=item.call_id, name=item.name,
                                         arguments=item.arguments, id=item.id))
-    serving.store.put(resp.id, resp.model_dump_json(), CONVERSATION.dump_json(conversation + out), TENANT.get())
+    # Reasoning items a client echoed back never reach a prompt: kept, they were stored data
+    # that no bound on the prompt's length bounded (24 times the prompt was measured).
+    rendered = [i for i in conversation if not isinstance(i, ReasoningItem)]
+    serving.store.put(resp.id, resp.model_dump_json(), CONVERSATION.dump_json(rendered + out), TENANT.get())
 
 
 async def _stream(serving: OpenAIServing, req: ResponsesRequest, resp: Response, first: StreamOutput,
