@@ -54,7 +54,8 @@ class Grammars:
     which every other request's steps would wait. `submit` starts one; `result` takes it,
     or fails it once `timeout_s` has passed since it was submitted. A compile cannot be
     interrupted, so one past its deadline runs on to its end on that thread; its constraint
-    is remembered and refused at once if it comes again.
+    is remembered and refused at once if it comes again. One that never started by then
+    (the thread was busy with another) is given up and not remembered.
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], cache_size: int = 256,
@@ -120,11 +121,16 @@ class Grammars:
             if not future.done():
                 if time.monotonic() < deadline:
                     return None
+                if future.cancel():  # never started: other constraints held the compiler
+                    self._running.pop(key, None)
+                    raise self._busy_error(so)
                 self._too_slow[key] = None
                 if len(self._too_slow) > self._cache_size:
                     self._too_slow.popitem(last=False)
                 raise self._slow_error(so)
         self._running.pop(key, None)
+        if future.cancelled():  # another request's wait for the same constraint gave it up
+            raise self._busy_error(so)
         grammar = future.result()  # ParamError for an invalid constraint
         self._cache[key] = grammar
         if len(self._cache) > self._cache_size:
@@ -137,7 +143,7 @@ class Grammars:
         for key, future in list(self._running.items()):
             if future.done():
                 del self._running[key]
-                if future.exception() is None:
+                if not future.cancelled() and future.exception() is None:
                     self._cache[key] = future.result()
                     if len(self._cache) > self._cache_size:
                         self._cache.popitem(last=False)
@@ -149,6 +155,10 @@ class Grammars:
         if future is None:
             return self._cache[(so.kind, so.spec)]
         return self.result(so, future, time.monotonic() + self.timeout_s, wait=True)
+
+    def _busy_error(self, so: Constraint) -> ParamError:
+        return ParamError("structured_outputs", f"the {so.kind} constraint waited {self.timeout_s:g} s for the "
+                          "grammar compiler, busy with others; retry")
 
     def _slow_error(self, so: Constraint) -> ParamError:
         return ParamError("structured_outputs", f"the {so.kind} constraint did not compile within "

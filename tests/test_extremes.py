@@ -139,3 +139,22 @@ def test_the_core_steps_others_while_a_constraint_compiles(tiny_model_factory):
     added = [e.request_id for e in events if isinstance(e, Added)]
     assert added == ["plain"], added  # the slow one is still compiling when the plain one is done
     assert engine.compiles
+
+
+def test_a_constraint_queued_behind_a_slow_one_is_not_remembered_as_slow(tiny_model_factory):
+    """The compile thread busy with a slow schema: a small one waiting behind it past its
+    deadline fails as busy, and compiles at once when sent again later."""
+    from engine.structured import Grammars
+
+    from transformers import AutoTokenizer
+
+    model = tiny_model_factory("vocab-32000", vocab_size=VOCAB, tie_word_embeddings=False)
+    grammars = Grammars(AutoTokenizer.from_pretrained(model), VOCAB, [2], timeout_s=0.2)
+    slow, small = Constraint("json", slow_schema(800)), Constraint("json", slow_schema(2))
+    held = grammars.submit(slow)
+    behind = grammars.submit(small)
+    deadline = time.monotonic() + 0.2
+    with pytest.raises(ParamError, match="busy with others"):
+        grammars.result(small, behind, deadline, wait=True)
+    held.result(timeout=120)  # the slow one finishes on its own
+    assert grammars.compile(small) is not None  # not blacklisted: it compiles now
