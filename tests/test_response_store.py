@@ -49,6 +49,10 @@ def test_a_key_past_its_share_evicts_its_own_never_anothers():
     # the bytes share too: one large response pushes out the owner's older ones
     assert store.put("alice-big", "x" * (9 * size("x" * 10)), b"", owner="alice")
     assert store.get("alice-49", "alice") is None and store.get("bob-1", "bob") is not None
+    # a server without keys is one tenant, held to the store's own bounds alone
+    for i in range(10):
+        store.put(f"anon-{i}", "{}", b"[]")
+    assert all(store.get(f"anon-{i}") is not None for i in range(10))
 
 
 def test_sizes_are_memory_not_characters():

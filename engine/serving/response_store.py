@@ -48,7 +48,8 @@ class ResponseStore:
     def put(self, rid: str, response: str, conversation: bytes, owner: str | None = None) -> bool:
         """Keep a response; False (and nothing kept) when it alone is past a bound on bytes."""
         size = sys.getsizeof(response) + sys.getsizeof(conversation)
-        if size > self.max_bytes or (self.max_bytes_per_key is not None and size > self.max_bytes_per_key):
+        if size > self.max_bytes or (owner is not None and self.max_bytes_per_key is not None
+                                     and size > self.max_bytes_per_key):
             return False
         self._drop(rid)
         self._items[rid] = Stored(response, conversation, owner, size, time.monotonic())
@@ -90,7 +91,10 @@ class ResponseStore:
             del self._owned[old.owner], self._owner_bytes[old.owner]
 
     def _evict_own(self, owner: str | None) -> None:
-        """A key past its share loses its own oldest."""
+        """A key past its share loses its own oldest. Without keys (owner None) there is one
+        tenant, held to the store's own bounds alone."""
+        if owner is None:
+            return
         owned = self._owned.get(owner)
         while owned and ((self.max_per_key is not None and len(owned) > self.max_per_key)
                          or (self.max_bytes_per_key is not None and self._owner_bytes[owner] > self.max_bytes_per_key)):
