@@ -48,9 +48,6 @@ class BadWords:
             banned += self.by_head.get(tuple(output[-n:]), ())
         return banned
 
-    def single(self) -> set[int]:
-        return set(self.always.tolist())
-
 
 @dataclass(frozen=True)
 class TokenRules:

@@ -77,9 +77,6 @@ class APIKeyMiddleware:
         hits = [secrets.compare_digest(given, key) for key in self.keys]
         return next((t for t, hit in zip(self.tenants, hits) if hit), None)
 
-    def allowed(self, token: bytes) -> bool:
-        return self.tenant(token) is not None
-
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if (self.keys and scope["type"] == "http" and scope["method"] != "OPTIONS"
                 and scope["path"].startswith(self.prefixes)):
