@@ -216,21 +216,15 @@ class ResolvedConfig:
         are still to be loaded on this device: call it once the weights are in, as vLLM
         sizes its pool after the profile run. `extra_block_bytes` is what each block also
         takes elsewhere (a draft model's cache, addressed by the same block ids)."""
-        from engine.models.llama import kv_block_bytes
+        from engine.models.decoder import kv_block_bytes
 
         device, dtype, positions = placement.device, placement.dtype, placement.max_positions
-        window = getattr(hf_config, "sliding_window", None)
         # Under parallelism every rank holds the same number of blocks, of its heads and layers.
         block_bytes = kv_block_bytes(hf_config, config.block_size, dtype, config.tensor_parallel_size,
                                      config.pipeline_parallel_size) + extra_block_bytes
         num_blocks = _num_blocks(config, device, block_bytes, pending_bytes)
         capacity = num_blocks * config.block_size
-        max_model_len = config.max_model_len or min(positions, capacity, window or positions)
-        if window is not None and getattr(hf_config, "use_sliding_window", True) and max_model_len > window:
-            # Sliding-window attention is not implemented: past the window the output would
-            # silently diverge, so only lengths within the window are served.
-            raise ParamError("max_model_len", f"the model uses a {window}-token sliding window, which this "
-                             f"engine does not implement; set max_model_len <= {window}")
+        max_model_len = config.max_model_len or min(positions, capacity)
         if max_model_len > capacity:
             raise ParamError(
                 "max_model_len",

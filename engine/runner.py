@@ -16,7 +16,7 @@ import kernels
 import kernels.cpu
 from kernels.backend import AttentionBackend, TorchBackend
 from engine.kv_cache_manager import KVCacheManager
-from engine.models.llama import AttnMetadata, LlamaForCausalLM, head_dim
+from engine.models.decoder import AttnMetadata, DecoderForCausalLM, head_dim
 from engine.scheduler import Batch
 from engine.sequence import Sequence
 
@@ -154,7 +154,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: DecoderForCausalLM,
         num_blocks: int,
         block_size: int,
         dtype: torch.dtype,

@@ -27,18 +27,22 @@ class AttentionBackend:
                  slot_mapping: torch.Tensor) -> None:
         reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
-    def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float
-                  ) -> torch.Tensor:
+    def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
+                  window: int = 0, softcap: float = 0.0) -> torch.Tensor:
         """Causal attention of the step's new tokens (decodes first, then prefill chunks;
-        `meta` is engine.models.llama.AttnMetadata) over the paged cache."""
+        `meta` is engine.models.layers.attention.AttnMetadata) over the paged cache. With a
+        `window` > 0, query p sees keys (p - window, p]; `softcap` > 0 caps each scaled
+        score s at softcap * tanh(s / softcap)."""
         nd, n = meta.num_decode_tokens, q.shape[0]
         if nd == n:
-            return self.decode(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale)
+            return self.decode(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale,
+                               window, softcap)
         out = torch.empty_like(q)
         if nd:
-            out[:nd] = self.decode(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale)
+            out[:nd] = self.decode(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale,
+                                   window, softcap)
         out[nd:] = self.prefill(q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
-                                meta.prefill_seq_lens, scale)
+                                meta.prefill_seq_lens, scale, window, softcap)
         return out
 
     def decode(self, *args) -> torch.Tensor:
@@ -102,9 +106,10 @@ class NativeBackend(AttentionBackend):
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         cpu.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
-    def attention(self, q, k_cache, v_cache, meta, scale: float) -> torch.Tensor:
+    def attention(self, q, k_cache, v_cache, meta, scale: float, window: int = 0, softcap: float = 0.0
+                  ) -> torch.Tensor:
         return cpu.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
-                                   scale)
+                                   scale, window, softcap)
 
 
 def select(name: str, device: torch.device) -> AttentionBackend:

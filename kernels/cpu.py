@@ -110,7 +110,7 @@ def _register_fakes() -> None:
     lib = "pagedserve::"
 
     @torch.library.register_fake(lib + "paged_attention")
-    def _(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale):
+    def _(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, window=0, softcap=0.0):
         return torch.empty_like(query)
 
     @torch.library.register_fake(lib + "store_kv")
@@ -118,8 +118,8 @@ def _register_fakes() -> None:
         return None
 
     @torch.library.register_fake(lib + "rope_qk")
-    def _(qkv, cos, sin, H, Hkv):
-        n, d = qkv.shape[0], cos.shape[1]
+    def _(qkv, cos, sin, H, Hkv, d):
+        n = qkv.shape[0]
         return qkv.new_empty(n, H, d), qkv.new_empty(n, Hkv, d)
 
     @torch.library.register_fake(lib + "add_rms_norm")
@@ -165,9 +165,14 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """Causal attention of every sequence's new tokens over its cached ones, in one call."""
-    return op("paged_attention")(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+    """Causal attention of every sequence's new tokens over its cached ones, in one call;
+    with a `window`, query p sees keys (p - window, p]; `softcap` > 0 caps each scaled
+    score s at softcap * tanh(s / softcap)."""
+    return op("paged_attention")(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                                 window, softcap)
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -227,10 +232,11 @@ def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.T
     return op("add_rms_norm")(x, residual, weight, eps)
 
 
-def rope_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary q [n, H, D] and k [n, Hkv, D] from a fused qkv projection; cos/sin [n, D]."""
-    return op("rope_qk")(qkv, cos, sin, num_heads, num_kv_heads)
+def rope_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+            head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary q [n, H, D] and k [n, Hkv, D] from a fused qkv projection; cos/sin [n, rot],
+    rot <= D: a partial rotary turns the first rot dims of each head and keeps the rest."""
+    return op("rope_qk")(qkv, cos, sin, num_heads, num_kv_heads, head_dim)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -46,8 +46,16 @@ def _blocks_of(cache: torch.Tensor, table: torch.Tensor, seq_len: int) -> torch.
     return cache.index_select(0, table[:n]).flatten(0, 1)[:seq_len]
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_from: int):
-    """q: [Q, H, D]; k, v: [L, Hkv, D] -> [Q, H, D]. causal_from: position of q[0]."""
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_from: int,
+          window: int = 0, softcap: float = 0.0):
+    """q: [Q, H, D]; k, v: [L, Hkv, D] -> [Q, H, D]. causal_from: position of q[0]. With a
+    window, query p sees keys (p - window, p]; softcap > 0 caps the scaled scores."""
+    if softcap > 0:
+        return _capped(q, k, v, scale, causal_from, window, softcap)
+    if window > 0:
+        # Only the keys some query can see: the first query's window onwards.
+        lo = max(0, causal_from - window + 1)
+        k, v, causal_from = k[lo:], v[lo:], causal_from - lo
     q_len, seq_len = q.shape[0], k.shape[0]
     mask = None
     causal = False
@@ -57,6 +65,11 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causa
         else:
             q_pos = torch.arange(causal_from, causal_from + q_len, device=q.device)
             mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+    if window > 0 and seq_len > window and q_len > 1:
+        q_pos = torch.arange(causal_from, causal_from + q_len, device=q.device)[:, None]
+        keys = torch.arange(seq_len, device=q.device)[None, :]
+        mask = (keys <= q_pos) & (keys > q_pos - window)
+        causal = False
     dtype = q.dtype
     if dtype != torch.float32 and q.device.type == "cpu":
         # CPU SDPA is several times slower in bf16/fp16 than in fp32 on these sizes;
@@ -69,6 +82,25 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causa
     return out[0].transpose(0, 1).to(dtype)
 
 
+def _capped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_from: int,
+            window: int, softcap: float) -> torch.Tensor:
+    """Soft-capped attention (Gemma 2), written out: SDPA has no hook between the scores
+    and the softmax. Scores and softmax in fp32, as transformers computes them."""
+    q_len, seq_len, heads = q.shape[0], k.shape[0], q.shape[1]
+    group = heads // k.shape[1]
+    kf = k.float().repeat_interleave(group, dim=1)
+    vf = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), kf) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    q_pos = torch.arange(causal_from, causal_from + q_len, device=q.device)[:, None]
+    keys = torch.arange(seq_len, device=q.device)[None, :]
+    visible = keys <= q_pos
+    if window > 0:
+        visible &= keys > q_pos - window
+    probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    return torch.einsum("hqk,khd->qhd", probs, vf).to(q.dtype)
+
+
 def paged_attention_decode(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -76,10 +108,13 @@ def paged_attention_decode(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     # Decode is prefill with one query token per sequence.
     query_start_loc = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=query.device)
-    return paged_attention_prefill(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+    return paged_attention_prefill(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                                   window, softcap)
 
 
 def paged_attention_prefill(
@@ -90,6 +125,8 @@ def paged_attention_prefill(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     out = torch.empty_like(query)
     if query.shape[0] == 0:
@@ -103,5 +140,5 @@ def paged_attention_prefill(
         if hi == lo:
             continue
         k, v = _blocks_of(k_cache, tables[i], n), _blocks_of(v_cache, tables[i], n)
-        out[lo:hi] = _sdpa(query[lo:hi], k, v, scale, n - (hi - lo))
+        out[lo:hi] = _sdpa(query[lo:hi], k, v, scale, n - (hi - lo), window, softcap)
     return out

@@ -26,6 +26,10 @@ Why the design is what it is:
   starts at a finite -1e30 so fully masked rows and empty partitions give zeros, not NaN.
   Cache offsets are int64: a large cache has more than 2**31 elements. fp32 caches use
   "ieee" dots (no silent TF32). P is rounded to the cache dtype before P @ V, as is usual.
+* Sliding windows (query p sees keys (p - window, p]) start each KV loop at the window's
+  first key, so a windowed layer reads at most window keys a query; soft-capping applies
+  cap * tanh(s / cap) to the natural-log scores, written in base 2 as C * tanh(s2 / C)
+  with C = cap * log2(e).
 * Under TRITON_INTERPRET (CPU tensors) bf16 dots are done in fp32 (UPCAST): the
   interpreter's bf16 tl.dot multiplies raw bit patterns. It also rounds fp32 -> bf16
   toward zero where the GPU rounds to nearest even.
@@ -67,8 +71,9 @@ def _store_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num
 
 @triton.jit
 def _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head_off, pos, valid,
-                 visible, dim, dim_mask, qk_scale, stride_cb, stride_ct,
-                 BLOCK_SIZE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+                 visible, dim, dim_mask, qk_scale, cap2, stride_cb, stride_ct,
+                 BLOCK_SIZE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+                 CAPPED: tl.constexpr):
     """One online-softmax step over the KV positions ``pos`` (``valid`` ones exist)."""
     blk = tl.load(bt_row_ptr + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
     row = blk * stride_cb + (pos % BLOCK_SIZE) * stride_ct + kv_head_off
@@ -79,6 +84,8 @@ def _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head
         q = q.to(tl.float32)
         k = k.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+    if CAPPED:  # tanh(x) = 2 sigmoid(2x) - 1
+        s = cap2 * (2.0 * tl.sigmoid(2.0 * s / cap2) - 1.0)
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
@@ -94,13 +101,13 @@ def _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head
 
 @triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, out_ptr,
-                   m_part_ptr, l_part_ptr, o_part_ptr, qk_scale, partition, num_splits,
+                   m_part_ptr, l_part_ptr, o_part_ptr, qk_scale, cap2, window, partition, num_splits,
                    stride_qs, stride_qh, stride_os, stride_oh, stride_bt,
                    stride_cb, stride_ct, stride_ch,
                    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, NUM_HEADS: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-                   UPCAST: tl.constexpr):
+                   UPCAST: tl.constexpr, CAPPED: tl.constexpr):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -114,6 +121,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, out_pt
     seq_len = tl.load(seq_lens_ptr + seq)
     start = split * partition
     end = tl.minimum(seq_len, start + partition)
+    if window > 0:  # the one query sees keys (seq_len - 1 - window, seq_len - 1]
+        start = tl.maximum(start, seq_len - window)
     m_i = tl.full([BLOCK_G], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -123,7 +132,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, out_pt
         valid = pos < end
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row,
                                      kvh * stride_ch, pos, valid, valid[None, :], dim, dim_mask,
-                                     qk_scale, stride_cb, stride_ct, BLOCK_SIZE, DOT_PREC, UPCAST)
+                                     qk_scale, cap2, stride_cb, stride_ct, BLOCK_SIZE, DOT_PREC, UPCAST,
+                                     CAPPED)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if SPLIT:
         part = (seq * NUM_HEADS + head) * num_splits + split
@@ -159,12 +169,13 @@ def _decode_reduce_kernel(m_part_ptr, l_part_ptr, o_part_ptr, out_ptr, num_split
 
 @triton.jit
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, qsl_ptr, seq_lens_ptr, out_ptr,
-                    qk_scale, num_seqs,
+                    qk_scale, cap2, window, num_seqs,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
                     stride_cb, stride_ct, stride_ch,
                     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+                    BLOCK_SIZE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+                    CAPPED: tl.constexpr):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     # Sequence s owns tile ids [qsl[s] // BLOCK_Q + s, qsl[s + 1] // BLOCK_Q + s + 1).
@@ -197,13 +208,19 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, qsl_ptr, seq_lens_p
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
-    for n0 in range(0, kv_end, BLOCK_N):
+    kv_lo = 0
+    if window > 0:  # the tile's first query sees nothing earlier, and no later one does
+        kv_lo = tl.maximum(0, seq_len - q_len + q_start - window + 1)
+    for n0 in range(kv_lo, kv_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         valid = pos < kv_end
         visible = valid[None, :] & (pos[None, :] <= q_pos[:, None])
+        if window > 0:
+            visible = visible & (pos[None, :] > q_pos[:, None] - window)
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row,
                                      kvh * stride_ch, pos, valid, visible, dim, dim_mask,
-                                     qk_scale, stride_cb, stride_ct, BLOCK_SIZE, DOT_PREC, UPCAST)
+                                     qk_scale, cap2, stride_cb, stride_ct, BLOCK_SIZE, DOT_PREC, UPCAST,
+                                     CAPPED)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + tok_off * stride_ot + head[:, None] * stride_oh + dim[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_mask)
@@ -266,7 +283,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 
 def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           out: torch.Tensor | None = None, num_splits: int | None = None,
+                           window: int = 0, softcap: float = 0.0, out: torch.Tensor | None = None, num_splits: int | None = None,
                            block_n: int = 64) -> torch.Tensor:
     """``num_splits`` forces the path (1: single pass, > 1: split-K); None lets the heuristic pick.
 
@@ -301,13 +318,13 @@ def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         m_part = l_part = o_part = out  # unused
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens, out, m_part, l_part, o_part,
-        scale * _LOG2E, partition, num_splits,
+        scale * _LOG2E, softcap * _LOG2E, window, partition, num_splits,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         HEAD_DIM=head_dim, GROUP=group, NUM_HEADS=num_heads,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         BLOCK_SIZE=block_size, SPLIT=split, DOT_PREC=_dot_precision(k_cache.dtype),
-        UPCAST=_upcast(k_cache), num_warps=4)
+        UPCAST=_upcast(k_cache), CAPPED=softcap > 0, num_warps=4)
     if split:
         _decode_reduce_kernel[(num_seqs, num_heads)](
             m_part, l_part, o_part, out, num_splits, out.stride(0), out.stride(1),
@@ -318,7 +335,7 @@ def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 def paged_attention_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                            seq_lens: torch.Tensor, scale: float,
+                            seq_lens: torch.Tensor, scale: float, window: int = 0, softcap: float = 0.0,
                             out: torch.Tensor | None = None, block_m: int = 64,
                             block_n: int = 64) -> torch.Tensor:
     _check_cache(k_cache, v_cache)
@@ -339,10 +356,10 @@ def paged_attention_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     grid = (total_tokens // block_q + num_seqs, num_kv_heads)
     _prefill_kernel[grid](
         query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
-        scale * _LOG2E, num_seqs,
+        scale * _LOG2E, softcap * _LOG2E, window, num_seqs,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         HEAD_DIM=head_dim, GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=block_n, BLOCK_SIZE=block_size,
-        DOT_PREC=_dot_precision(k_cache.dtype), UPCAST=_upcast(k_cache), num_warps=4)
+        DOT_PREC=_dot_precision(k_cache.dtype), UPCAST=_upcast(k_cache), CAPPED=softcap > 0, num_warps=4)
     return out

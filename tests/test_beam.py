@@ -10,7 +10,7 @@ import torch
 
 from engine import LLM, BeamSearchParams, SamplingParams
 from engine.errors import ParamError
-from engine.models.llama import kv_block_bytes
+from engine.models.decoder import kv_block_bytes
 from scripts.beam_bench import peak_blocks
 from scripts.beam_oracle import DATA, hf_beams
 from tests.conftest import make_prompts

@@ -80,7 +80,7 @@ def test_the_ops_compose_with_torch_compile():
     weight, gate_up = torch.randn(96, generator=gen), torch.randn(n, 2 * 96, generator=gen)
 
     def layer(qkv, cos, sin, x, residual, gate_up, k_cache, v_cache, tables, qsl, lens):
-        q, _ = cpu.rope_qk(qkv, cos, sin, heads, kv_heads)
+        q, _ = cpu.rope_qk(qkv, cos, sin, heads, kv_heads, d)
         attn = cpu.paged_attention(q, k_cache, v_cache, tables, qsl, lens, d ** -0.5)
         normed = cpu.add_rms_norm(x, residual, weight, 1e-5)
         return attn, normed, cpu.silu_mul(gate_up) + 1

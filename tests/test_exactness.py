@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
-from engine.models.llama import kv_block_bytes
+from engine.models.decoder import kv_block_bytes
 from tests.conftest import make_prompts
 
 pytestmark = pytest.mark.engine

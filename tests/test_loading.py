@@ -150,17 +150,6 @@ def test_impossible_configurations_are_refused_naming_the_key(tiny_model_factory
     assert err.value.param == "block_size"
 
 
-def test_a_sliding_window_model_is_served_only_within_its_window(tiny_model_factory):
-    path = str(tiny_model_factory("mistral-tiny", model_type="mistral", sliding_window=64,
-                                  architectures=["MistralForCausalLM"]))
-    with pytest.raises(ValueError, match="sliding window"):
-        LLM(path, dtype="float32", max_model_len=128)
-    llm = LLM(path, dtype="float32", max_model_len=64)
-    assert llm.engine.max_model_len == 64
-    prompt = llm.tokenizer.encode("The capital of France is")
-    assert greedy_ids(llm, [prompt]) == [transformers_greedy(path, prompt)]
-
-
 def test_bf16_greedy_departs_from_fp32_only_at_near_ties(tokenizer):
     """bf16 keeps 8 significant bits, so each logit carries ~0.4% relative noise: greedy
     picks may flip where fp32's top candidates are that close, and after one flip the
@@ -217,7 +206,7 @@ def test_a_pool_sized_from_device_memory_counts_the_weights_as_loaded(tiny_model
     from engine import config as cfg
     from engine import executor
     from engine.models import loader
-    from engine.models.llama import kv_block_bytes
+    from engine.models.decoder import kv_block_bytes
 
     path = tiny_model_factory("probe-tiny", vocab_size=49152, hidden_size=256, intermediate_size=512)
     total, held = 64 << 20, []

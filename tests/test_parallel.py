@@ -13,7 +13,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.executor import ParallelExecutor
-from engine.models.llama import kv_block_bytes
+from engine.models.decoder import kv_block_bytes
 from engine.outputs import Collector
 from engine.runner import prepare
 from tests.conftest import make_prompts

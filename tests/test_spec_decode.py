@@ -12,7 +12,7 @@ import torch
 
 from engine import LLM, BeamSearchParams, SamplingParams
 from engine.errors import ParamError
-from engine.models.llama import kv_block_bytes
+from engine.models.decoder import kv_block_bytes
 from engine.rejection_sampler import Draft
 from engine.sampler import Sampler, SamplingRow, make_generator
 from engine.sampling_params import Constraint

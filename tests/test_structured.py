@@ -102,7 +102,7 @@ def test_constraints_survive_preemption_forks_and_stop_strings(tiny_model_factor
     a pool too small for the batch forces preemption by recompute, n=3 forks each matcher,
     seeds make it reproducible, and a stop string may still end a constrained output."""
     from engine.llm import LLM
-    from engine.models.llama import kv_block_bytes
+    from engine.models.decoder import kv_block_bytes
     from engine.models.loader import load_config, resolve
     from engine.sampling_params import SamplingParams, Constraint
 

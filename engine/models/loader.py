@@ -24,10 +24,9 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from engine.models import DEFAULT_GGUF_FILE, DEFAULT_HF_ID, DEFAULT_MODEL_NAME, default_model_path
 from engine import parallel
-from engine.models import packed_linear
-from engine.models.llama import LlamaForCausalLM
+from engine.models import packed_linear, registry
+from engine.models.decoder import DecoderForCausalLM
 
-SUPPORTED = {"llama", "mistral"}
 __all__ = ["DEFAULT_MODEL_NAME", "ModelFiles", "resolve", "load_config", "load_tokenizer", "build_model"]
 
 
@@ -92,8 +91,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    if config.model_type not in SUPPORTED:
-        raise ValueError(f"GGUF architecture {config.model_type!r} is not supported ({sorted(SUPPORTED)})")
+    registry.text_config(config)  # refuses an architecture we cannot serve, before any work
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
@@ -114,10 +112,9 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 
 
 def load_config(files: ModelFiles) -> PretrainedConfig:
-    config = AutoConfig.from_pretrained(files.path)
-    if config.model_type not in SUPPORTED:
-        raise ValueError(f"model type {config.model_type!r} is not supported ({sorted(SUPPORTED)})")
-    return config
+    """The decoder's config: a multimodal checkpoint's text part; a ParamError naming an
+    architecture that is not served."""
+    return registry.text_config(AutoConfig.from_pretrained(files.path))
 
 
 # What vLLM's `--generation-config auto` takes from a model's generation_config.json.
@@ -174,7 +171,7 @@ def build_model(
     fused: bool = False,
     dist: parallel.Dist | None = None,
     quantization: str | None = None,
-) -> LlamaForCausalLM:
+) -> DecoderForCausalLM:
     """Instantiate our model and fill it: from the checkpoint, or randomly for `dummy`.
 
     `fused` (CPU, with the native kernels built) swaps eager elementwise chains for fused ops.
@@ -182,7 +179,7 @@ def build_model(
     embedding for quantized ones, releasing the fp32 tensors."""
     torch.manual_seed(seed)
     with torch.device(device):
-        model = LlamaForCausalLM(config, max_positions, dist)
+        model = registry.model_class(config)(config, max_positions, dist)
     if dummy:
         with torch.no_grad():
             for name, p in model.named_parameters():

@@ -1,9 +1,10 @@
-"""Fill a (possibly sharded) LlamaForCausalLM from transformers-named checkpoint tensors.
+"""Fill a (possibly sharded) DecoderForCausalLM from transformers-named checkpoint tensors.
 
 Each tensor arrives as something sliceable, a safetensors slice or a tensor, and only the
 rows or columns this rank holds are read: under tensor parallelism a rank never
 materializes the whole checkpoint. Separate q/k/v and gate/up tensors go into their
-fused parameters.
+fused parameters; checkpoints that already fuse them (Phi-3's qkv_proj and gate_up_proj)
+are split the same way.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from engine.models.llama import LlamaForCausalLM
+    from engine.models.decoder import DecoderForCausalLM
 
+PREFUSED = ("qkv_proj", "gate_up_proj")
 FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
-def load(model: LlamaForCausalLM, weights: Iterable[tuple[str, object]]) -> None:
+def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]]) -> None:
     params = dict(model.named_parameters())
     first_layer, end_layer = model.layer_range
     loaded: set[str] = set()
@@ -40,6 +42,15 @@ def load(model: LlamaForCausalLM, weights: Iterable[tuple[str, object]]) -> None
         if parts[0] in ("embed_tokens", "lm_head", "norm") and name not in params:
             continue  # held by another pipeline stage
         module, leaf = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", parts[-1])
+        if module in PREFUSED:
+            name = ".".join(parts)
+            param = params[name]
+            for shard, (base, piece) in enumerate(_prefused_pieces(model, module)):
+                start, size = _fused_range(model, module, shard)
+                lo, hi = _rows_range(model, piece)
+                _copy(param[start:start + size], src[base + lo:base + hi], name)
+                loaded.add(f"{name}#{shard}")
+            continue
         if module in FUSED:
             target, shard = FUSED[module]
             name = ".".join(parts[:-2] + [target, leaf])
@@ -70,7 +81,7 @@ def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
         param.copy_(tensor)
 
 
-def _head_rows(model: LlamaForCausalLM, module: str) -> tuple[int, int]:
+def _head_rows(model: DecoderForCausalLM, module: str) -> tuple[int, int]:
     heads = model.layers[0].self_attn.heads
     d = model.layers[0].self_attn.head_dim
     if module == "q_proj":
@@ -78,33 +89,46 @@ def _head_rows(model: LlamaForCausalLM, module: str) -> tuple[int, int]:
     return heads.kv_lo * d, heads.kv_hi * d
 
 
-def _rows(model: LlamaForCausalLM, module: str, src) -> torch.Tensor:
+def _rows_range(model: DecoderForCausalLM, module: str) -> tuple[int, int]:
+    return _head_rows(model, module) if module in ("q_proj", "k_proj", "v_proj") else model.layers[0].mlp.inter_range
+
+
+def _rows(model: DecoderForCausalLM, module: str, src) -> torch.Tensor:
     """Column-parallel: this rank's output rows (and the matching bias entries)."""
-    lo, hi = _head_rows(model, module) if module in ("q_proj", "k_proj", "v_proj") \
-        else model.layers[0].mlp.inter_range
+    lo, hi = _rows_range(model, module)
     return src[lo:hi]
 
 
-def _cols(model: LlamaForCausalLM, module: str, src) -> torch.Tensor:
+def _prefused_pieces(model: DecoderForCausalLM, module: str) -> list[tuple[int, str]]:
+    """Where each piece of an already-fused checkpoint tensor starts, and what it is."""
+    config = model.config
+    if module == "qkv_proj":
+        d = model.layers[0].self_attn.head_dim
+        q, kv = config.num_attention_heads * d, (config.num_key_value_heads or config.num_attention_heads) * d
+        return [(0, "q_proj"), (q, "k_proj"), (q + kv, "v_proj")]
+    return [(0, "gate_proj"), (config.intermediate_size, "up_proj")]
+
+
+def _cols(model: DecoderForCausalLM, module: str, src) -> torch.Tensor:
     """Row-parallel: this rank's input columns."""
     lo, hi = _head_rows(model, "q_proj") if module == "o_proj" else model.layers[0].mlp.inter_range
     return src[:, lo:hi]
 
 
-def _bias(model: LlamaForCausalLM, src) -> torch.Tensor:
+def _bias(model: DecoderForCausalLM, src) -> torch.Tensor:
     """A row-parallel bias is added once, after the all-reduce sums the ranks: rank 0 holds it."""
     full = src[:]
     return full if model.dist.tp.rank == 0 else torch.zeros_like(full)
 
 
-def _vocab_rows(model: LlamaForCausalLM, src, shard: int) -> torch.Tensor:
+def _vocab_rows(model: DecoderForCausalLM, src, shard: int) -> torch.Tensor:
     rows = src[model.vocab_lo:model.vocab_hi]
     if rows.shape[0] < shard:  # the last shard's padding
         rows = torch.cat((rows, rows.new_zeros(shard - rows.shape[0], *rows.shape[1:])))
     return rows
 
 
-def _fused_range(model: LlamaForCausalLM, target: str, shard: int) -> tuple[int, int]:
+def _fused_range(model: DecoderForCausalLM, target: str, shard: int) -> tuple[int, int]:
     if target == "qkv_proj":
         attn = model.layers[0].self_attn
         sizes = [attn.q_size, attn.kv_size, attn.kv_size]

@@ -17,7 +17,7 @@ import torch
 from engine.config import EngineConfig, Placement, SpeculativeConfig
 from engine.errors import ParamError
 from engine.models import loader
-from engine.models.llama import kv_block_bytes
+from engine.models.decoder import kv_block_bytes
 from engine.sequence import Sequence
 
 

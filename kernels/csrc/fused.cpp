@@ -126,10 +126,14 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 // Rotary embedding (rotate-half, as Llama) of the q and k parts of a fused qkv
 // projection, written out contiguous: one pass where eager torch makes four per tensor.
 std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
-                                           int64_t H, int64_t Hkv) {
+                                           int64_t H, int64_t Hkv, int64_t D) {
+  // Partial rotary (cos/sin narrower than a head): the first `rot` dims of each head turn
+  // in pairs (i, i + rot / 2), the rest pass through.
   TORCH_CHECK(qkv.dim() == 2 && cos.dim() == 2 && cos.is_contiguous() && sin.is_contiguous(),
-              "qkv [n, (H + 2 Hkv) D], cos/sin [n, D] contiguous");
-  const int64_t n = qkv.size(0), D = cos.size(1), half = D / 2;
+              "qkv [n, (H + 2 Hkv) D], cos/sin [n, rot] contiguous");
+  const int64_t n = qkv.size(0), rot = cos.size(1), half = rot / 2;
+  TORCH_CHECK(rot <= D && rot % 2 == 0 && qkv.size(1) >= (H + Hkv) * D && qkv.stride(1) == 1,
+              "rotary dims must be even and at most head_dim, qkv rows dense");
   auto q = at::empty({n, H, D}, qkv.options());
   auto k = at::empty({n, Hkv, D}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_qk", [&] {
@@ -141,8 +145,8 @@ std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& qkv, const at::Tens
     scalar_t* ko = k.data_ptr<scalar_t>();
     at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        const scalar_t* c = cp + t * D;
-        const scalar_t* s = sp + t * D;
+        const scalar_t* c = cp + t * rot;
+        const scalar_t* s = sp + t * rot;
         for (int64_t h = 0; h < H + Hkv; ++h) {
           const scalar_t* x = in + t * row + h * D;
           scalar_t* o = h < H ? qo + (t * H + h) * D : ko + (t * Hkv + h - H) * D;
@@ -151,6 +155,7 @@ std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& qkv, const at::Tens
             store_f(o, i, a * load_f(c, i) - b * load_f(s, i));
             store_f(o, i + half, b * load_f(c, i + half) + a * load_f(s, i + half));
           }
+          for (int64_t i = rot; i < D; ++i) o[i] = x[i];
         }
       }
     });
@@ -185,7 +190,7 @@ TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
   m.def("add_rms_norm(Tensor? x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("bind_threads(Tensor cores) -> int");
-  m.def("rope_qk(Tensor qkv, Tensor cos, Tensor sin, int H, int Hkv) -> (Tensor, Tensor)");
+  m.def("rope_qk(Tensor qkv, Tensor cos, Tensor sin, int H, int Hkv, int D) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {

@@ -6,7 +6,10 @@
 // split); splits of long contexts keep both cores busy when the batch is small, and
 // are merged with their log-sum-exp weights at the end. Head dims 64 and 128 take the
 // AVX-512 path of attn512.h where the CPU has it, and prefill chunks its tiled paths
-// (prefill512.h in bf16, prefill_f32.h in fp32).
+// (prefill512.h in bf16, prefill_f32.h in fp32). A sliding window (query p sees keys
+// (p - window, p]) and tanh soft-capping of the scores take the portable path, which
+// bounds every row's keys from below as well as above; decode items simply start at the
+// window's first key.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -171,14 +174,15 @@ inline void pv_rows_any(int G, const float* p, int BS, const V* v, int64_t vs, i
 template <typename scalar_t, int BS>
 void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
             const int32_t* table, int seq_len, int q_start, int q_len, int H, int Hkv, int D,
-            float scale, bool tiled, float* acc, float* m, float* l) {
+            float scale, bool tiled, int window, float softcap, float* acc, float* m, float* l) {
   const int G = H / Hkv;
+  const bool plain = window <= 0 && softcap <= 0.f;  // the specialised paths know neither
   const int nq = it.q1 - it.q0;
   const int R = nq * H;
   const scalar_t* q0 = q + static_cast<int64_t>(q_start + it.q0) * H * D;
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same<scalar_t, c10::BFloat16>::value) {
-    if (tiled && nq * G >= kTiledRows) {
+    if (plain && tiled && nq * G >= kTiledRows) {
       (D == 64 ? pagedserve::prefill512::attend<4, BS> : pagedserve::prefill512::attend<8, BS>)(
           q0, scale, kc, vc, table, it.kv0, it.kv1, nq, seq_len - q_len + it.q0, H, Hkv, acc, m, l);
       return;
@@ -189,7 +193,7 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
   for (int64_t x = 0; x < static_cast<int64_t>(R) * D; ++x) qf[x] = pagedserve::load_f(q0, x) * scale;
 #if defined(__AVX512F__)
   if constexpr (std::is_same<scalar_t, float>::value) {
-    if (tiled && nq * G >= kTiledRows) {  // writes acc, m and l whole
+    if (plain && tiled && nq * G >= kTiledRows) {  // writes acc, m and l whole
       (D == 64 ? pagedserve::prefill_f32::attend<4, BS> : pagedserve::prefill_f32::attend<8, BS>)(
           qf.data(), kc, vc, table, it.kv0, it.kv1, nq, seq_len - q_len + it.q0, H, Hkv, acc, m, l);
       return;
@@ -203,7 +207,7 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
   std::fill(acc, acc + static_cast<int64_t>(R) * D, 0.f);
 #if defined(__AVX512F__)
   if constexpr (!std::is_same<scalar_t, double>::value) {
-    if (G <= pagedserve::attn512::kMaxG && (D == 64 || D == 128)) {
+    if (plain && G <= pagedserve::attn512::kMaxG && (D == 64 || D == 128)) {
       (D == 64 ? pagedserve::attn512::attend<scalar_t, 4, BS> : pagedserve::attn512::attend<scalar_t, 8, BS>)(
           qf.data(), q0, scale, kc, vc, table, it.kv0, it.kv1, nq, seq_len - q_len + it.q0, H, Hkv, acc, m, l);
       return;
@@ -303,15 +307,19 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
     // Online softmax per row: rescale only when the running max grows.
     for (int i = 0; i < nq; ++i) {
       const int visible = std::max(0, std::min(n, first_pos + i - kv + 1));
+      // Keys before `start` are outside this query's window.
+      const int start = window > 0 ? std::min(visible, std::max(0, first_pos + i - window + 1 - kv)) : 0;
       for (int h = 0; h < H; ++h) {
         const int r = i * H + h;
         float* sr = s.data() + r * BS;
-        if (visible == 0) {  // a block wholly after this query: nothing from it
+        if (visible == start) {  // a block wholly after this query, or before its window
           std::fill(sr, sr + BS, 0.f);
           continue;
         }
+        if (softcap > 0.f)
+          for (int t = start; t < visible; ++t) sr[t] = softcap * std::tanh(sr[t] / softcap);
         float mx = m[r];
-        for (int t = 0; t < visible; ++t) mx = std::max(mx, sr[t]);
+        for (int t = start; t < visible; ++t) mx = std::max(mx, sr[t]);
         if (mx > m[r]) {
           const float c = fast_exp(m[r] - mx);
           l[r] *= c;
@@ -323,7 +331,7 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
         for (int t = 0; t < BS; ++t) {
-          const float p = t < visible ? fast_exp(sr[t] - mx) : 0.f;
+          const float p = t >= start && t < visible ? fast_exp(sr[t] - mx) : 0.f;
           sr[t] = p;
           sum += p;
         }
@@ -373,7 +381,7 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
 
 template <typename scalar_t>
 void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& tables,
-         const at::Tensor& qsl, const at::Tensor& lens, double scale, at::Tensor& out) {
+         const at::Tensor& qsl, const at::Tensor& lens, double scale, int window, float softcap, at::Tensor& out) {
   const int S = lens.size(0), H = q.size(1), D = q.size(2);
   const int BS = kc.size(1), Hkv = kc.size(2);
   const int64_t width = tables.size(1);
@@ -395,6 +403,7 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
 #if defined(__AVX512F__)
   tiled = tiled || (std::is_same<scalar_t, float>::value && (D == 64 || D == 128) && kc.numel() < (int64_t{1} << 31));
 #endif
+  if (window > 0 || softcap > 0.f) tiled = false;
   const int chunk = tiled ? kTiledQChunk : kQChunk;
   for (int i = 0; i < S; ++i) {
     base_items += (qs[i + 1] - qs[i] + chunk - 1) / chunk;
@@ -411,10 +420,13 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
     const int nq = qs[i + 1] - qs[i];
     for (int q0 = 0; q0 < nq; q0 += chunk) {
       const int q1 = std::min(nq, q0 + chunk);
-      const int kv_end = ls[i] - nq + q1;  // the chunk's last query sees keys [0, kv_end)
-      const int parts = 1 + (kv_end - 1) / split_len;  // kv_end >= 1: a query sees itself
+      const int kv_end = ls[i] - nq + q1;  // the chunk's last query sees keys [kv_lo, kv_end)
+      // Under a window the chunk's first query sees nothing before kv_lo, and no later one does.
+      const int kv_lo = window > 0 ? std::max(0, ls[i] - nq + q0 - window + 1) : 0;
+      const int parts = 1 + (kv_end - kv_lo - 1) / split_len;  // kv_end > kv_lo: a query sees itself
       for (int p = 0; p < parts; ++p)
-        items.push_back({i, q0, q1, p * split_len, std::min(kv_end, (p + 1) * split_len), p});
+        items.push_back({i, q0, q1, kv_lo + p * split_len,  // 64-bit: split_len may be INT_MAX
+                         static_cast<int>(std::min<int64_t>(kv_end, kv_lo + int64_t{p + 1} * split_len)), p});
     }
   }
   // Each item's rows start at row0[w]; attend() initialises its own, so no zero fill.
@@ -446,7 +458,7 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
     for (int64_t w = cut(t0); w < cut(t1); ++w) {
       const Item& it = items[w];
       fn(it, qp, kp, vp, tp + it.seq * width, ls[it.seq], qs[it.seq], qs[it.seq + 1] - qs[it.seq], H, Hkv,
-         D, static_cast<float>(scale), tiled, acc.get() + row0[w] * D, m.get() + row0[w], l.get() + row0[w]);
+         D, static_cast<float>(scale), tiled, window, softcap, acc.get() + row0[w] * D, m.get() + row0[w], l.get() + row0[w]);
     }
   });
 
@@ -511,7 +523,7 @@ void check_layout(int64_t tokens, int64_t num_blocks, int64_t bs, const at::Tens
 
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& query_start_loc,
-                           const at::Tensor& seq_lens, double scale) {
+                           const at::Tensor& seq_lens, double scale, int64_t window, double softcap) {
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query [T, H, D], caches [blocks, block, Hkv, D]");
   TORCH_CHECK(query.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(),
               "query and caches must share a dtype");
@@ -522,6 +534,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache, c
               "block size 8, 16 or 32 and head_dim <= 256");
   TORCH_CHECK(query.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(window >= 0 && window < (int64_t{1} << 30) && softcap >= 0.0, "window >= 0, softcap >= 0");
   auto q = query.contiguous();
   auto tables = block_tables.contiguous();
   auto qsl = query_start_loc.contiguous();
@@ -530,7 +543,8 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache, c
   auto out = at::empty_like(q);
   if (q.size(0) == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
-    run<scalar_t>(q, k_cache, v_cache, tables, qsl, lens, scale, out);
+    run<scalar_t>(q, k_cache, v_cache, tables, qsl, lens, scale, static_cast<int>(window),
+                  static_cast<float>(softcap), out);
   });
   return out;
 }
@@ -579,7 +593,7 @@ void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor k_cache
 
 TORCH_LIBRARY(pagedserve, m) {
   m.def("paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor query_start_loc, Tensor seq_lens, float scale) -> Tensor");
+        "Tensor query_start_loc, Tensor seq_lens, float scale, int window=0, float softcap=0.0) -> Tensor");
   m.def("store_kv(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
 }
 

@@ -1,0 +1,47 @@
+"""What sets one decoder architecture apart from another, as data: each architecture file
+reads its config into an ArchSpec, and the shared layers (engine/models/layers) and the
+decoder (engine/models/decoder.py) do the rest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    # q/k RMSNorm before rotary: per head (Qwen3, Gemma 3) or over all heads (OLMo 2).
+    qk_norm: Literal["", "head", "all"] = ""
+    # Where the norms sit: "pre" (Llama: before attention and MLP), "sandwich" (Gemma: also
+    # after each), "post" (OLMo 2: after each, none before).
+    norms: Literal["pre", "sandwich", "post"] = "pre"
+    norm_offset: float = 0.0  # Gemma multiplies by (1 + weight)
+    late_cast: bool = False  # the norm's weight multiplies in fp32, rounding after (Gemma, OLMo 2)
+    act: Literal["silu", "gelu_tanh"] = "silu"
+    embed_scale: float = 1.0  # Gemma sqrt(hidden), Granite embedding_multiplier
+    embed_scale_in_dtype: bool = False  # Gemma rounds the scale to the activation dtype first
+    residual_scale: float = 1.0  # Granite residual_multiplier
+    attn_scale: float | None = None  # None: head_dim ** -0.5
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    logit_divisor: float = 1.0  # Granite's logits_scaling
+    windows: tuple[int, ...] = ()  # per layer; 0 is full attention
+    tp_ok: bool = True  # whether tensor parallelism can split this architecture's layers
+
+    @property
+    def plain(self) -> bool:
+        """Llama's layer shape, the one the native fused layer runs."""
+        return self.norms == "pre" and self.qk_norm != "all"
+
+
+def layer_windows(config, all_layers: bool = False) -> tuple[int, ...]:
+    """Each layer's sliding window, 0 where it attends to everything: from `layer_types`
+    where the config has them, else (Mistral, Phi-3) `sliding_window` on every layer."""
+    window = getattr(config, "sliding_window", None) or 0
+    types = getattr(config, "layer_types", None)
+    if types and not all_layers:
+        return tuple(window if t == "sliding_attention" else 0 for t in types)
+    return (window,) * config.num_hidden_layers

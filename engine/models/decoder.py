@@ -1,0 +1,326 @@
+"""The decoder-only transformer every supported architecture is, over a paged KV cache.
+
+Tokens from all requests are flattened into one batch; the attention metadata says which
+sequence each token belongs to. An architecture is a subclass that reads its config into
+an ArchSpec (engine/models/arch.py); the math follows transformers operation for
+operation (fp32 norms, rotate-half RoPE, residual order) so greedy output in fp32 matches
+it token for token. QKV and gate/up projections are fused into single matmuls: fewer,
+larger GEMMs are what the CPU path needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import parallel
+from engine.models import packed_linear
+from engine.models.arch import ArchSpec
+from engine.models.layers import rotary
+from engine.models.layers.attention import Attention, AttnMetadata
+from engine.models.layers.mlp import MLP
+from engine.models.layers.norm import RMSNorm
+from kernels import cpu as cpu_kernels
+
+__all__ = ["AttnMetadata", "DecoderForCausalLM", "head_dim", "kv_block_bytes", "num_kv_heads"]
+
+head_dim = rotary.head_dim
+
+
+def num_kv_heads(config) -> int:
+    return config.num_key_value_heads or config.num_attention_heads
+
+
+def kv_block_bytes(config, block_size: int, dtype: torch.dtype, tp: int = 1, pp: int = 1) -> int:
+    """Bytes of one KV block across all layers (K and V); under parallelism, on the rank
+    holding the most heads and layers."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    heads = parallel.max_kv_heads(config, tp)
+    layers = parallel.max_layers(config.num_hidden_layers, pp)
+    return 2 * layers * block_size * heads * head_dim(config) * elem
+
+
+@dataclass(frozen=True, slots=True)
+class Flat:
+    """One decoder layer's weights, projections and sizes as plain references."""
+
+    norm1: torch.Tensor
+    eps1: float
+    norm2: torch.Tensor
+    eps2: float
+    qkv: Callable[[torch.Tensor], torch.Tensor]
+    qk_norm: torch.Tensor | None  # [H + Hkv, D]: the q heads' norm weight, then the k heads'
+    qk_eps: float
+    o: Callable[[torch.Tensor], torch.Tensor]
+    gate_up: Callable[[torch.Tensor], torch.Tensor]
+    glu: bool  # gate_up returns silu(gate) * up itself
+    act: Callable[[torch.Tensor], torch.Tensor] | None  # None: the native silu-mul
+    inter: int
+    down: Callable[[torch.Tensor], torch.Tensor]
+    heads: int
+    kv_heads: int
+    head_dim: int
+    q_size: int
+    v_at: int  # where v starts in a qkv row
+    scale: float
+    window: int
+    softcap: float
+    residual_scale: float
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None  # the tensor-parallel all-reduce, if any
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, spec: ArchSpec, layer: int, heads: parallel.Heads, tp: parallel.Group) -> None:
+        super().__init__()
+        self.spec = spec
+        self.self_attn = Attention(config, spec, layer, heads, tp)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size, spec.act, spec.mlp_bias, tp)
+        norm = lambda: RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset, spec.late_cast)  # noqa: E731
+        if spec.norms != "post":
+            self.input_layernorm = norm()
+        self.post_attention_layernorm = norm()
+        if spec.norms == "sandwich":
+            self.pre_feedforward_layernorm = norm()
+        if spec.norms != "pre":
+            self.post_feedforward_layernorm = norm()
+
+    def forward(self, h, cos, sin, kv_cache, meta) -> torch.Tensor:
+        norms = self.spec.norms
+        if norms == "pre":
+            rs = self.spec.residual_scale
+            a = self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
+            h = h + (a * rs if rs != 1.0 else a)
+            m = self.mlp(self.post_attention_layernorm(h))
+            return h + (m * rs if rs != 1.0 else m)
+        if norms == "sandwich":
+            h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta))
+            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h = h + self.post_attention_layernorm(self.self_attn(h, cos, sin, kv_cache, meta))
+        return h + self.post_feedforward_layernorm(self.mlp(h))
+
+    def flatten(self) -> None:
+        """Plain references to what forward_fused uses, taken once the weights are final
+        (loaded, packed or quantized)."""
+        attn, mlp = self.self_attn, self.mlp
+        qk_norm = None
+        if attn.qk_norm == "head":
+            qk_norm = torch.cat([attn.q_norm.effective_weight().expand(attn.num_heads, -1),
+                                 attn.k_norm.effective_weight().expand(attn.num_kv_heads, -1)]).float()
+        self.flat = Flat(
+            norm1=self.input_layernorm.effective_weight(), eps1=self.input_layernorm.eps,
+            norm2=self.post_attention_layernorm.effective_weight(), eps2=self.post_attention_layernorm.eps,
+            qkv=attn.qkv_proj.forward, qk_norm=qk_norm, qk_eps=attn.q_norm.eps if qk_norm is not None else 0.0,
+            o=attn.o_proj.forward, gate_up=mlp.gate_up_proj.forward, glu=mlp.glu,
+            act=None if mlp.act_name == "silu" else mlp.act, inter=mlp.inter,
+            down=mlp.down_proj.forward, heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
+            q_size=attn.q_size, v_at=attn.q_size + attn.kv_size, scale=attn.scale, window=attn.window,
+            softcap=attn.softcap, residual_scale=self.spec.residual_scale,
+            reduce=attn.tp.all_reduce if attn.tp.size > 1 else None)
+
+    def forward_fused(self, residual, pending, cos, sin, kv_cache, meta,
+                      keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer (pre-norm architectures) on the native CPU kernels: each residual
+        add fused into the norm after it (`residual` updated in place, the MLP output
+        returned as the next layer's `pending`), the rotary fused, and written flat, with no
+        nn.Module call or module attribute lookup inside: at batch 1 on quantized weights
+        the Python around the kernels had taken about 95 us a layer, a quarter of the step.
+        cos and sin are [n, rotary dims]. Returns (residual, pending).
+
+        `keep`, on the model's last layer: the rows that need logits. Every row's K and V
+        are stored, but only those rows go on through o_proj and the MLP; in a prefill
+        chunk that is one row a prompt instead of all of them. Each GEMM row is computed
+        on its own, so the kept rows' values are the same."""
+        f = self.flat
+        x = cpu_kernels.add_rms_norm(pending, residual, f.norm1, f.eps1)
+        n = x.shape[0]
+        qkv = f.qkv(x)
+        if f.qk_norm is not None:  # per-head RMSNorm of q and k, in place, before the rotary
+            qk = qkv[:, :f.v_at].view(n, f.heads + f.kv_heads, f.head_dim)
+            h = qk.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + f.qk_eps)
+            qk.copy_(h * f.qk_norm if f.qk_norm.dtype == qk.dtype else (h * f.qk_norm).to(qk.dtype))
+        q, k = cpu_kernels.rope_qk(qkv, cos, sin, f.heads, f.kv_heads, f.head_dim)
+        v = qkv[:, f.v_at:].view(n, f.kv_heads, f.head_dim)
+        k_cache, v_cache = kv_cache
+        backend = meta.backend
+        backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = backend.attention(q, k_cache, v_cache, meta, f.scale, f.window, f.softcap).view(n, f.q_size)
+        if keep is not None:
+            out, residual = out[keep], residual[keep]
+        out = f.o(out)
+        if f.residual_scale != 1.0:
+            out = out * f.residual_scale
+        x = cpu_kernels.add_rms_norm(out if f.reduce is None else f.reduce(out), residual, f.norm2, f.eps2)
+        up = f.gate_up(x)
+        if f.glu:
+            out = f.down(up)
+        elif f.act is None:
+            out = f.down(cpu_kernels.silu_mul(up))
+        else:
+            gate, up = up.split(f.inter, dim=-1)
+            out = f.down(f.act(gate) * up)
+        if f.residual_scale != 1.0:
+            out = out * f.residual_scale
+        return residual, (out if f.reduce is None else f.reduce(out))
+
+
+class DecoderForCausalLM(nn.Module):
+    """The whole model, or under parallelism one rank's part of it: its stage's layers
+    (pipeline), its slice of every layer (tensor), its slice of the vocabulary for the
+    embedding (first stage) and the head (last stage). Subclasses say what their
+    architecture is (`spec`) and, where their checkpoints name tensors differently,
+    how to rename them (`checkpoint_name`)."""
+
+    @classmethod
+    def spec(cls, config) -> ArchSpec:
+        raise NotImplementedError
+
+    @classmethod
+    def checkpoint_name(cls, name: str) -> str | None:
+        """A checkpoint tensor's name in this model's terms; None for one it does not use."""
+        return name
+
+    def __init__(self, config, max_positions: int, dist: parallel.Dist | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.arch = spec = self.spec(config)
+        self.dist = dist = dist or parallel.single()
+        layout, tp = dist.layout, dist.tp
+        if tp.size > 1 and not spec.tp_ok:
+            from engine.errors import ParamError
+
+            raise ParamError("tensor_parallel_size", f"{config.model_type} is not served under tensor parallelism")
+        self.first, self.last = layout.first, layout.last
+        self.tie = bool(getattr(config, "tie_word_embeddings", False))
+        # Equal vocabulary shards (the last one padded with zero rows) so the gather is uniform.
+        self.vocab_shard = -(-config.vocab_size // tp.size)
+        self.vocab_lo = tp.rank * self.vocab_shard
+        self.vocab_hi = min(config.vocab_size, self.vocab_lo + self.vocab_shard)
+        if self.first or (self.last and self.tie):
+            self.embed_tokens = nn.Embedding(self.vocab_shard, config.hidden_size)
+        heads = parallel.split_heads(config.num_attention_heads, num_kv_heads(config), tp.size, tp.rank)
+        self.layer_range = layout.layers(config.num_hidden_layers)
+        self.layers = nn.ModuleList(DecoderLayer(config, spec, i, heads, tp) for i in range(*self.layer_range))
+        if self.last:
+            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset, spec.late_cast)
+            if not self.tie:
+                self.lm_head = nn.Linear(config.hidden_size, self.vocab_shard, bias=False)
+        # cos/sin for every position, computed in fp32 exactly as transformers does; one
+        # table per rope kind (Gemma 3's local layers turn on another base).
+        kinds = rotary.kinds(config)[slice(*self.layer_range)]
+        self.rope_kinds = sorted(set(kinds))
+        self.layer_rope = [self.rope_kinds.index(k) for k in kinds]
+        for i, kind in enumerate(self.rope_kinds):
+            cos, sin = rotary.tables(config, kind, max_positions)
+            self.register_buffer(f"cos_cache{i}", cos, persistent=False)
+            self.register_buffer(f"sin_cache{i}", sin, persistent=False)
+        self.fused = False
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.tie else self.lm_head.weight
+
+    def use_fused_ops(self) -> None:
+        """The native CPU kernels' fused layer (DecoderLayer.forward_fused) for pre-norm
+        architectures; CPU only, and last, once the weights are loaded, packed or quantized."""
+        if not self.arch.plain:
+            return
+        self.fused = True
+        for layer in self.layers:
+            layer.flatten()
+
+    def pack_linears(self) -> None:
+        """Prepack every GEMM weight for oneDNN or the native GEMM (CPU only; after loading,
+        never before); where packed_linear.glu_available, each silu gate/up with its activation."""
+        for layer in self.layers:
+            gate_up = layer.mlp.gate_up_proj
+            if layer.mlp.act_name == "silu" and packed_linear.glu_available(gate_up.weight.dtype):
+                layer.mlp.gate_up_proj = packed_linear.PackedLinear(gate_up.weight, gate_up.bias, glu=True)
+        packed_linear.pack(self.layers)
+        if self.last:
+            self.head = packed_linear.PackedLinear(self.lm_head_weight, None)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        tp = self.dist.tp
+        if tp.size == 1:
+            h = self.embed_tokens(input_ids)
+        else:
+            local = input_ids - self.vocab_lo
+            outside = (local < 0) | (local >= self.vocab_hi - self.vocab_lo)
+            h = self.embed_tokens(local.masked_fill(outside, 0))
+            h = tp.all_reduce(h.masked_fill_(outside[:, None], 0))
+        scale = self.arch.embed_scale
+        if scale == 1.0:
+            return h
+        return h * (torch.tensor(scale, dtype=h.dtype) if self.arch.embed_scale_in_dtype else scale)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttnMetadata,
+        logits_indices: torch.Tensor,
+        hidden: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """fp32 logits only at logits_indices (sampling needs no others) on the rank that
+        samples; a later stage's input (`hidden`) on the others of a pipeline; None on the
+        other tensor ranks of the last stage."""
+        h = self.embed(input_ids) if self.first else hidden
+        ropes = [(getattr(self, f"cos_cache{i}")[positions].to(h.dtype),
+                  getattr(self, f"sin_cache{i}")[positions].to(h.dtype)) for i in range(len(self.rope_kinds))]
+        # On the fused path the last stage's last layer keeps only the logits rows.
+        picked = self.fused and self.last and len(self.layers) > 0
+        if self.fused:
+            pending = None
+            for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+                keep = logits_indices if picked and i == len(self.layers) - 1 else None
+                cos, sin = ropes[self.layer_rope[i]]
+                h, pending = layer.forward_fused(h, pending, cos, sin, kv_cache, meta, keep)
+            h = h + pending if pending is not None else h
+        else:
+            ropes = [(cos[:, None, :], sin[:, None, :]) for cos, sin in ropes]
+            for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+                cos, sin = ropes[self.layer_rope[i]]
+                h = layer(h, cos, sin, kv_cache, meta)
+        if not self.last:
+            return h
+        h = self.norm(h if picked else h[logits_indices])
+        head = getattr(self, "head", None)
+        logits = (head(h) if head is not None else F.linear(h, self.lm_head_weight)).float()
+        return self._gather(self._finish(logits))
+
+    def _finish(self, logits: torch.Tensor) -> torch.Tensor:
+        """Granite's logit scaling and Gemma 2's final soft-cap, per vocabulary shard."""
+        spec = self.arch
+        if spec.logit_divisor != 1.0:
+            logits = logits / spec.logit_divisor
+        if spec.final_softcap:
+            logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
+        return logits
+
+    def _gather(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The vocabulary shards to tensor rank 0, joined and cut to the true vocabulary."""
+        tp = self.dist.tp
+        if tp.size == 1:
+            return logits
+        if logits.shape[0] == 0:  # every rank knows the row count: nothing to send
+            return logits.new_empty(0, self.config.vocab_size) if tp.rank == 0 else None
+        if tp.rank != 0:
+            tp.send(logits.contiguous(), 0).wait()
+            return None
+        parts = [logits]
+        for r in range(1, tp.size):
+            part = torch.empty_like(logits)
+            tp.recv(part, r)
+            parts.append(part)
+        return torch.cat(parts, dim=-1)[:, : self.config.vocab_size]
+
+    def load_weights(self, weights: Iterable[tuple[str, object]]) -> None:
+        from engine.models.weights import load
+
+        load(self, ((new, src) for name, src in weights if (new := self.checkpoint_name(name)) is not None))

@@ -1,0 +1,81 @@
+"""Self-attention over the paged KV cache, with every variant the supported
+architectures need: QKV biases, q/k RMSNorm (per head, or over all heads as OLMo 2 does),
+partial rotary, a sliding window per layer, score soft-capping and any score scale."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from engine import parallel
+from engine.models.arch import ArchSpec
+from engine.models.layers.norm import RMSNorm
+from engine.models.layers.rotary import head_dim, rotate
+from kernels.backend import AttentionBackend, TorchBackend
+
+
+@dataclass
+class AttnMetadata:
+    """Per-step attention layout. Decode tokens (one per sequence) come first."""
+
+    slot_mapping: torch.Tensor  # int64 [num_tokens]
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor  # int32 [num_decodes, max_blocks]
+    decode_seq_lens: torch.Tensor  # int32 [num_decodes]
+    prefill_block_tables: torch.Tensor  # int32 [num_prefills, max_blocks]
+    prefill_query_start_loc: torch.Tensor  # int32 [num_prefills + 1]
+    prefill_seq_lens: torch.Tensor  # int32 [num_prefills]
+    # The whole batch at once, for kernels that take decode and prefill in one call.
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks]
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_seqs]
+    backend: AttentionBackend = field(default_factory=TorchBackend)
+
+
+class Attention(nn.Module):
+    """Column-parallel qkv over this rank's heads, row-parallel o_proj, then the all-reduce."""
+
+    def __init__(self, config, spec: ArchSpec, layer: int, heads: parallel.Heads, tp: parallel.Group) -> None:
+        super().__init__()
+        self.heads, self.tp = heads, tp
+        self.num_heads = heads.num_q
+        self.num_kv_heads = heads.num_kv
+        self.head_dim = head_dim(config)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=spec.o_bias)  # bias on tensor rank 0 only
+        self.scale = spec.attn_scale if spec.attn_scale is not None else self.head_dim**-0.5
+        self.window = spec.windows[layer]
+        self.softcap = spec.attn_softcap
+        self.qk_norm = spec.qk_norm
+        if spec.qk_norm:
+            eps = config.rms_norm_eps
+            q_dim, k_dim = (self.head_dim, self.head_dim) if spec.qk_norm == "head" else (self.q_size, self.kv_size)
+            self.q_norm = RMSNorm(q_dim, eps, spec.norm_offset, spec.late_cast)
+            self.k_norm = RMSNorm(k_dim, eps, spec.norm_offset, spec.late_cast)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [n, H, D], k and v [n, Hkv, D], normed where the architecture norms them, not rotated."""
+        n = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm == "all":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.reshape(n, self.num_heads, self.head_dim)
+        k = k.reshape(n, self.num_kv_heads, self.head_dim)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v.view(n, self.num_kv_heads, self.head_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttnMetadata) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.project(x)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        k_cache, v_cache = kv_cache
+        meta.backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = meta.backend.attention(q, k_cache, v_cache, meta, self.scale, self.window, self.softcap)
+        return self.tp.all_reduce(self.o_proj(out.view(n, self.q_size)))

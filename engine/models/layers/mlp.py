@@ -1,0 +1,36 @@
+"""The gated MLP every supported architecture uses: down(act(gate) * up)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import parallel
+
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+class MLP(nn.Module):
+    """Column-parallel gate/up over this rank's slice of the intermediate size, row-parallel down."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str, bias: bool, tp: parallel.Group) -> None:
+        super().__init__()
+        self.tp = tp
+        self.act_name = act
+        self.act = ACTIVATIONS[act]
+        self.inter_range = parallel.split(intermediate, tp.size, tp.rank)
+        self.inter = self.inter_range[1] - self.inter_range[0]
+        self.gate_up_proj = nn.Linear(hidden, 2 * self.inter, bias=bias)
+        self.down_proj = nn.Linear(self.inter, hidden, bias=bias)
+
+    @property
+    def glu(self) -> bool:
+        """Whether gate_up_proj returns silu(gate) * up itself (PackedLinear with glu)."""
+        return bool(getattr(self.gate_up_proj, "glu", False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.glu:
+            return self.tp.all_reduce(self.down_proj(self.gate_up_proj(x)))
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.tp.all_reduce(self.down_proj(self.act(gate) * up))

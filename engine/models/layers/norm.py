@@ -1,0 +1,32 @@
+"""RMSNorm, in the forms checkpoints use."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) times the weight, or (Gemma, `offset` 1) times (1 + weight).
+
+    Llama rounds the normalised x to the activation dtype before the weight multiplies it;
+    Gemma and OLMo 2 (`late_cast`) multiply in fp32 and round after. Each form follows its
+    own reference, so each matches transformers in every dtype."""
+
+    def __init__(self, size: int, eps: float, offset: float = 0.0, late_cast: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(size) if offset else torch.ones(size))
+        self.eps = eps
+        self.offset = offset
+        self.late_cast = late_cast or bool(offset)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.late_cast:
+            return (h * (self.offset + self.weight.float())).to(x.dtype)
+        return self.weight * h.to(x.dtype)
+
+    def effective_weight(self) -> torch.Tensor:
+        """The weight the normalised x is multiplied by, for the fused kernels."""
+        return self.weight + self.offset if self.offset else self.weight

@@ -1,0 +1,51 @@
+"""Which model class serves which checkpoint: by the config's model_type, the key
+transformers itself dispatches on."""
+
+from __future__ import annotations
+
+from engine.errors import ParamError
+from engine.models.decoder import DecoderForCausalLM
+from engine.models.gemma2 import Gemma2ForCausalLM
+from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.granite import GraniteForCausalLM
+from engine.models.llama import LlamaForCausalLM
+from engine.models.mistral import MistralForCausalLM
+from engine.models.olmo2 import Olmo2ForCausalLM
+from engine.models.phi3 import Phi3ForCausalLM
+from engine.models.qwen2 import Qwen2ForCausalLM
+from engine.models.qwen3 import Qwen3ForCausalLM
+
+ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
+    "llama": LlamaForCausalLM,
+    "mistral": MistralForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+    "gemma2": Gemma2ForCausalLM,
+    "gemma3_text": Gemma3ForCausalLM,
+    "phi3": Phi3ForCausalLM,
+    "olmo2": Olmo2ForCausalLM,
+    "granite": GraniteForCausalLM,
+}
+# Multimodal configs whose language model we serve: their text config is the model's.
+TEXT_OF = {"gemma3": "gemma3_text"}
+
+
+def model_class(config) -> type[DecoderForCausalLM]:
+    """The class for a (text) config; a ParamError naming the architecture otherwise."""
+    cls = ARCHITECTURES.get(config.model_type)
+    if cls is None:
+        names = ", ".join(getattr(config, "architectures", None) or []) or "?"
+        raise ParamError("model", f"model type {config.model_type!r} ({names}) is not supported; "
+                         f"supported: {', '.join(sorted(ARCHITECTURES) + sorted(TEXT_OF))}")
+    return cls
+
+
+def text_config(config):
+    """The config the decoder is built from: a multimodal config's text part, whose
+    model_type the registry knows."""
+    if config.model_type in TEXT_OF:
+        text = config.get_text_config()
+        text.architectures = getattr(config, "architectures", None)
+        return text
+    model_class(config)
+    return config

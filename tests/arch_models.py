@@ -1,0 +1,54 @@
+"""Tiny random checkpoints of every supported architecture, built offline with
+transformers: a few layers, windows shorter than the test prompts, and every norm weight
+and bias moved away from its initial value, so that a norm or bias the engine forgot, or
+applied in the wrong place, changes the output."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+BASE = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=1,
+            eos_token_id=2, pad_token_id=0)
+WINDOW = 12
+
+# model_type -> config overrides: each architecture's own features switched on.
+ARCHS: dict[str, dict] = {
+    "mistral": dict(sliding_window=WINDOW, tie_word_embeddings=False),
+    "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, tie_word_embeddings=True),
+    "qwen3": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, head_dim=32,
+                  rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    "gemma2": dict(sliding_window=WINDOW, head_dim=16, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                   final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh"),
+    "gemma3_text": dict(sliding_window=WINDOW, head_dim=16, query_pre_attn_scalar=24, rope_local_base_freq=100.0,
+                        rope_theta=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0},
+                        layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    "phi3": dict(sliding_window=WINDOW, partial_rotary_factor=0.5, original_max_position_embeddings=128,
+                 rope_scaling={"type": "longrope", "short_factor": [1.0 + i / 8 for i in range(4)],
+                               "long_factor": [2.0 + i for i in range(4)]}, tie_word_embeddings=False),
+    "olmo2": dict(tie_word_embeddings=False),
+    "granite": dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.05,
+                    logits_scaling=8.0, attention_bias=True),
+}
+
+
+def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(BASE, **ARCHS[model_type], **overrides)
+    config = AutoConfig.for_model(model_type, **cfg)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.3)
+    model.save_pretrained(path)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, path / name)
+    return path
