@@ -24,9 +24,10 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from engine.models import DEFAULT_GGUF_FILE, DEFAULT_HF_ID, DEFAULT_MODEL_NAME, default_model_path
 from engine import parallel
-from engine.models import packed_linear, registry
+from engine.models import gguf_config, packaged, packed_linear, registry
 from engine.models.decoder import DecoderForCausalLM
 
+CONVERSION = 2  # 2: configs restored by gguf_config
 __all__ = ["DEFAULT_MODEL_NAME", "ModelFiles", "resolve", "load_config", "load_tokenizer", "build_model"]
 
 
@@ -47,6 +48,8 @@ def resolve(model: str | os.PathLike | None) -> ModelFiles:
     """Turn what the user named into a local HF-format directory."""
     if model is None:
         return _from_gguf(default_model_path())
+    if str(model) in packaged.PACKAGES:
+        return _from_gguf(packaged.path(str(model)))
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return _from_gguf(path)
@@ -78,7 +81,8 @@ def _from_hub_cache(repo_id: str) -> ModelFiles:
 
 def _from_gguf(gguf: Path) -> ModelFiles:
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    # CONVERSION names how the directory was made: a newer reader of the same file gets its own.
+    key = hashlib.sha256(f"{CONVERSION}:{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     out = cache_root() / "gguf" / f"{gguf.stem}-{key}"
     if not (out / "model.safetensors").is_file():
         convert_gguf(gguf, out)
@@ -90,7 +94,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = gguf_config.restore(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
     registry.text_config(config)  # refuses an architecture we cannot serve, before any work
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     with torch.device("meta"):

@@ -23,9 +23,14 @@ from engine.errors import ParamError
 from kernels import quant
 
 MODES = ("gguf", "int8")
-# Our fused projections and the GGUF tensors that fill them, in order.
+# Our fused projections and the GGUF tensors that fill them, in order; Phi-3's files hold
+# the fused tensors themselves (attn_qkv, and ffn_up with gate and up).
 GGUF_PARTS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "self_attn.o_proj": ("attn_output",),
               "mlp.gate_up_proj": ("ffn_gate", "ffn_up"), "mlp.down_proj": ("ffn_down",)}
+GGUF_FUSED_PARTS = {"self_attn.qkv_proj": ("attn_qkv",), "self_attn.o_proj": ("attn_output",),
+                    "mlp.gate_up_proj": ("ffn_up",), "mlp.down_proj": ("ffn_down",)}
+# The architectures whose q and k rows llama.cpp's converter interleaves (its Llama family).
+PERMUTED = {"llama", "mistral", "granite"}
 
 
 class QuantLinear(nn.Module):
@@ -164,7 +169,8 @@ def preflight(source: str) -> None:
     """Refuse a file the kernels cannot serve before the loader spends seconds to minutes
     dequantizing it: every GEMM tensor's block type is read from the header."""
     tensors = _tensors(source)
-    gemms = {part for parts in GGUF_PARTS.values() for part in parts} | {"token_embd", "output"}
+    gemms = {part for table in (GGUF_PARTS, GGUF_FUSED_PARTS) for parts in table.values() for part in parts}
+    gemms |= {"token_embd", "output"}
     for name in tensors:
         if name.endswith(".weight") and name.split(".")[-2] in gemms:
             _qtype(tensors, name)
@@ -207,10 +213,11 @@ def _gguf_table(tensors: dict[str, Any], name: str) -> QuantLinear:
 def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, QuantLinear]:
     out = {}
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    heads = {"attn_q": config.num_attention_heads, "attn_k": kv_heads}
+    heads = {"attn_q": config.num_attention_heads, "attn_k": kv_heads} if config.model_type in PERMUTED else {}
     first, _end = model.layer_range
+    table = GGUF_FUSED_PARTS if f"blk.{first}.attn_qkv.weight" in tensors else GGUF_PARTS
     for i, layer in enumerate(model.layers):
-        for ours, theirs in GGUF_PARTS.items():
+        for ours, theirs in table.items():
             blocks = [_blocks(tensors, f"blk.{first + i}.{name}.weight") for name in theirs]
             types = {b[0] for b in blocks}
             if len(types) != 1:

@@ -1,0 +1,79 @@
+"""What a GGUF file says about its architecture that transformers' GGUF config reader
+drops, put back: head sizes, sliding windows, Gemma 2's soft-caps, Gemma's query scale, Phi-3's
+partial rotary and LongRoPE factors, rope scaling.
+
+transformers maps only a fixed list of `<arch>.*` keys into the config (its
+GGUF_CONFIG_MAPPING); the rest would silently fall back to its config defaults, and a
+model whose window or soft-cap is a default rather than its own gives other tokens. The
+keys read here are the ones llama.cpp's converter writes for these architectures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Gemma 2 27B (46 layers) and Gemma 3 27B (62) scale queries by hidden / heads rather than
+# by head_dim; llama.cpp tells them apart by their layer count the same way.
+_GEMMA_HIDDEN_SCALED = {("gemma2", 46), ("gemma3", 62)}
+
+
+def _fields(path: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    fields = {k: f.contents() for k, f in reader.fields.items()
+              if not k.startswith("tokenizer.") or k == "tokenizer.ggml.padding_token_id"}
+    tensors = {t.name: t for t in reader.tensors if t.name.startswith("rope_factors")}
+    return str(fields.get("general.architecture", "")), fields, tensors
+
+
+def restore(config: Any, path: Path) -> Any:
+    """`config` (from transformers' GGUF reader) with the file's own settings back in place."""
+    arch, kv, tensors = _fields(path)
+    get = lambda key, default=None: kv.get(f"{arch}.{key}", default)  # noqa: E731
+    pad = getattr(config, "pad_token_id", None)
+    if pad is not None and pad >= config.vocab_size:  # a class default past this file's vocabulary (Phi-3)
+        config.pad_token_id = kv.get("tokenizer.ggml.padding_token_id")
+    key_length = get("attention.key_length")
+    if key_length and hasattr(config, "head_dim"):  # Qwen3's is not hidden / heads, nor transformers' default
+        config.head_dim = int(key_length)
+    window = get("attention.sliding_window")
+    if arch in ("gemma2", "gemma3", "phi3", "mistral", "qwen2", "qwen3") and window:
+        config.sliding_window = int(window)
+    if arch in ("gemma2", "gemma3"):
+        layers = int(get("block_count"))
+        if (arch, layers) in _GEMMA_HIDDEN_SCALED:
+            config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads
+        else:
+            config.query_pre_attn_scalar = int(get("attention.key_length", config.head_dim))
+    if arch == "gemma2":
+        config.attn_logit_softcapping = get("attn_logit_softcapping", config.attn_logit_softcapping)
+        config.final_logit_softcapping = get("final_logit_softcapping", config.final_logit_softcapping)
+    if arch == "gemma3" and get("rope.scaling.type") == "linear":
+        config.rope_parameters["full_attention"].update(rope_type="linear", factor=float(get("rope.scaling.factor")))
+    if arch == "phi3":
+        _phi3(config, get, tensors)
+    return config
+
+
+def _phi3(config: Any, get, tensors: dict[str, Any]) -> None:
+    head_dim = config.hidden_size // config.num_attention_heads
+    rotary = get("rope.dimension_count")
+    params = dict(config.rope_parameters or {})
+    if rotary and int(rotary) != head_dim:
+        params["partial_rotary_factor"] = int(rotary) / head_dim
+    if not get("attention.sliding_window"):
+        config.sliding_window = None  # the converter writes 0 for none
+    if "rope_factors_long.weight" in tensors:
+        params.update(
+            rope_type="longrope",
+            long_factor=np.asarray(tensors["rope_factors_long.weight"].data, dtype=np.float32).tolist(),
+            short_factor=np.asarray(tensors["rope_factors_short.weight"].data, dtype=np.float32).tolist(),
+            original_max_position_embeddings=int(get("rope.scaling.original_context_length")))
+        if get("rope.scaling.attn_factor") is not None:
+            params["attention_factor"] = float(get("rope.scaling.attn_factor"))
+        config.original_max_position_embeddings = params["original_max_position_embeddings"]
+    config.rope_parameters = params

@@ -1,0 +1,103 @@
+"""Tiny GGUF files of each architecture llama.cpp converts, written with the gguf
+package from a transformers checkpoint: tensors named and transformed as llama.cpp's
+converter names and transforms them (Gemma's norms stored as 1 + w; Phi-3's fused
+projections kept fused; LongRoPE factors as tensors), the metadata keys it writes, and
+the embedded model's tokenizer. F32 tensors keep the checkpoint's values exactly; Q8_0
+(or Q5_0) ones are what a quantized file holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3"}
+
+
+VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
+
+
+def _byte_tokenizer(writer) -> None:
+    """A small byte-level tokenizer: a GGUF's tokenizer is parsed every time the file is
+    read, and a real 49k-token one made each read of these files take five seconds."""
+    import gguf
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    chars = list(bytes_to_unicode().values())
+    words = chars + ["\u0120\u0120"]  # and one merge, of two spaces: the reader needs some
+    tokens = ["<unk>", "<s>", "</s>"] + words + [f"<extra_{i}>" for i in range(VOCAB - 3 - len(words))]
+    types = [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * len(words) \
+        + [gguf.TokenType.USER_DEFINED] * (VOCAB - 3 - len(words))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(["\u0120 \u0120"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+
+def write(hf_dir: Path, out: Path, qtype: str = "F32") -> Path:
+    import gguf
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(hf_dir)
+    arch = getattr(gguf.MODEL_ARCH, GGUF_ARCH[config.model_type])
+    name = gguf.MODEL_ARCH_NAMES[arch]
+    writer = gguf.GGUFWriter(out, name)
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_block_count(layers)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    rope = config.rope_parameters.get("full_attention", config.rope_parameters)
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if getattr(config, "head_dim", None):
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    if config.model_type in ("gemma2", "gemma3_text"):
+        writer.add_sliding_window(config.sliding_window)
+    if config.model_type == "gemma2":
+        writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(config.final_logit_softcapping)
+    if config.model_type == "gemma3_text" and rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    tensors = load_file(hf_dir / "model.safetensors")
+    if config.model_type == "phi3":
+        writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+        writer.add_sliding_window(config.sliding_window or 0)
+        if rope.get("rope_type") == "longrope":
+            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+            tensors["rope_factors_long.weight"] = torch.tensor(rope["long_factor"], dtype=torch.float32)
+            tensors["rope_factors_short.weight"] = torch.tensor(rope["short_factor"], dtype=torch.float32)
+    assert config.vocab_size == VOCAB, "build the checkpoint with vocab_size=gguf_files.VOCAB"
+    _byte_tokenizer(writer)
+    names = gguf.get_tensor_name_map(arch, layers)
+    for hf_name, tensor in tensors.items():
+        if hf_name.startswith("rope_factors"):
+            gguf_name = hf_name
+        else:
+            gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+            assert gguf_name is not None, hf_name
+        data = tensor.float()
+        if config.model_type in ("gemma2", "gemma3_text") and hf_name.endswith("norm.weight"):
+            data = data + 1  # the converter stores Gemma's (1 + w)
+        array = data.numpy().astype(np.float32)
+        if qtype != "F32" and array.ndim == 2 and array.shape[1] % 32 == 0:
+            kind = getattr(gguf.GGMLQuantizationType, qtype)
+            writer.add_tensor(gguf_name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(gguf_name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
