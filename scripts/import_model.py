@@ -4,6 +4,7 @@
     python scripts/import_model.py path/to/model.gguf --name my-model
     python scripts/import_model.py path/to/hf_dir --name my-model --served-name My-Model
     python scripts/import_model.py --if-missing       # `make serve`: import once, then reuse
+    PAGEDSERVE_CONFIG=config/gemma3-270m.yaml python scripts/import_model.py   # a packaged model, by its tag
 
 What is stored is always an HF-format directory (config, tokenizer, safetensors): a GGUF
 is dequantized here, once, with the engine's own loader, so a server or a container
@@ -39,7 +40,9 @@ def hf_dir(source: str | None):
     """Resolve the source to a local HF directory with the engine's loader (GGUF -> dequantized)."""
     from engine.models import loader
 
-    if source is not None and not Path(source).expanduser().exists():
+    from engine.models import packaged
+
+    if source is not None and source not in packaged.PACKAGES and not Path(source).expanduser().exists():
         raise SystemExit(f"error: {source} does not exist")
     files = loader.resolve(source)
     loader.load_config(files)  # refuses architectures the engine cannot run, before storing anything
@@ -66,9 +69,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{existing.tag} is already in the model store ({existing.path}); nothing to do")
             return 0
 
-    files = hf_dir(args.source)
-    if args.source is None:
+    from engine.models import packaged
+
+    # No source: the packaged model the tag names (a preset's model_tag), else the embedded one.
+    source = args.source or (name if name in packaged.PACKAGES else None)
+    files = hf_dir(source)
+    if source is None:
         served = args.served_name or DEFAULT_MODEL_NAME
+    elif source in packaged.PACKAGES:
+        served = args.served_name or packaged.PACKAGES[source].name
     else:
         served = args.served_name or Path(args.source).expanduser().resolve().name.removesuffix(".gguf")
     metadata = {"served_model_name": served, "source": files.source, "format": "hf-safetensors"}
