@@ -58,3 +58,26 @@ def test_an_unknown_architecture_is_refused_by_name():
     with pytest.raises(ParamError) as e:
         registry.text_config(config)
     assert e.value.param == "model" and "'gpt2'" in str(e.value) and "qwen3" in str(e.value)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("model_type", ["gemma2", "qwen2"])
+def test_tensor_parallel_windowed_and_biased_architectures_match_transformers(model_type, arch_dir):
+    """Gemma 2 (windows on alternate layers, soft-caps, four norms a layer) and Qwen2 (QKV
+    biases split with their heads, windows on its upper layers) over two tensor ranks."""
+    path = arch_dir(model_type)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(zlib.crc32(model_type.encode()) + 1)
+    prompts = torch.randint(3, 49152, (6, 30), generator=gen).tolist()
+    llm = LLM(str(path), dtype="float32", max_model_len=64, block_size=8, tensor_parallel_size=2)
+    try:
+        assert engine_greedy(llm, prompts, 12, ignore_eos=True) == hf_greedy(hf, prompts, 12, None)
+    finally:
+        llm.shutdown()
+
+
+def test_olmo2_refuses_tensor_parallelism_by_name(arch_dir):
+    """Its q/k norm spans every head: no rank holding some heads can compute it alone."""
+    with pytest.raises(ParamError) as e:
+        LLM(str(arch_dir("olmo2")), dtype="float32", max_model_len=64, tensor_parallel_size=2)
+    assert e.value.param == "tensor_parallel_size" and "olmo2" in str(e.value)

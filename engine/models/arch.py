@@ -29,7 +29,7 @@ class ArchSpec:
     final_softcap: float = 0.0
     logit_divisor: float = 1.0  # Granite's logits_scaling
     windows: tuple[int, ...] = ()  # per layer; 0 is full attention
-    tp_ok: bool = True  # whether tensor parallelism can split this architecture's layers
+    tp_ok: bool = True  # whether tensor parallelism can split its layers (checked by engine.config)
 
     @property
     def plain(self) -> bool:

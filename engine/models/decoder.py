@@ -190,10 +190,6 @@ class DecoderForCausalLM(nn.Module):
         self.arch = spec = self.spec(config)
         self.dist = dist = dist or parallel.single()
         layout, tp = dist.layout, dist.tp
-        if tp.size > 1 and not spec.tp_ok:
-            from engine.errors import ParamError
-
-            raise ParamError("tensor_parallel_size", f"{config.model_type} is not served under tensor parallelism")
         self.first, self.last = layout.first, layout.last
         self.tie = bool(getattr(config, "tie_word_embeddings", False))
         # Equal vocabulary shards (the last one padded with zero rows) so the gather is uniform.
