@@ -210,6 +210,7 @@ class ResolvedConfig:
     max_model_len: int
     max_positions: int  # rotary table length
     num_blocks: int
+    kv_window: int | None = None  # every layer's window, when all have one and no draft model shares the tables
 
     @classmethod
     def resolve(cls, config: EngineConfig, hf_config: Any, placement: Placement, attention_backend: AttentionBackend,
@@ -219,6 +220,7 @@ class ResolvedConfig:
         are still to be loaded on this device: call it once the weights are in, as vLLM
         sizes its pool after the profile run. `extra_block_bytes` is what each block also
         takes elsewhere (a draft model's cache, addressed by the same block ids)."""
+        from engine.models import registry
         from engine.models.decoder import kv_block_bytes
 
         device, dtype, positions = placement.device, placement.dtype, placement.max_positions
@@ -227,14 +229,21 @@ class ResolvedConfig:
                                      config.pipeline_parallel_size) + extra_block_bytes
         num_blocks = _num_blocks(config, device, block_bytes, pending_bytes)
         capacity = num_blocks * config.block_size
-        max_model_len = config.max_model_len or min(positions, capacity)
-        if max_model_len > capacity:
+        # Where every layer is windowed a sequence holds at most its window, the step's new
+        # tokens and a partial block at each end (engine/kv_cache_manager.py); a draft model
+        # reads the same tables over the whole sequence.
+        draft = config.speculative_config is not None and config.speculative_config.method == "draft"
+        window = None if draft else registry.kv_window(hf_config)
+        max_model_len = config.max_model_len or (positions if window else min(positions, capacity))
+        held = max_model_len if window is None else \
+            min(max_model_len, window + config.max_num_batched_tokens + 2 * config.block_size)
+        if held > capacity:
             raise ParamError(
                 "max_model_len",
-                f"max_model_len ({max_model_len}) needs {-(-max_model_len // config.block_size)} KV blocks but "
+                f"max_model_len ({max_model_len}) needs {-(-held // config.block_size)} KV blocks but "
                 f"kv_cache_memory_bytes only holds {num_blocks}; raise the memory or lower it",
             )
-        return cls(device, dtype, attention_backend, max_model_len, positions, num_blocks)
+        return cls(device, dtype, attention_backend, max_model_len, positions, num_blocks, window)
 
 
 def _device(name: str) -> torch.device:

@@ -245,7 +245,7 @@ class Scheduler:
         allocated = stored = 0
         for seq in self.running:
             allocated += self.kv_manager.num_slots(seq)
-            stored += seq.num_computed_tokens
+            stored += self.kv_manager.num_stored(seq)
         return allocated, stored
 
 

@@ -53,7 +53,8 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causa
     if softcap > 0:
         return _capped(q, k, v, scale, causal_from, window, softcap)
     if window > 0:
-        # Only the keys some query can see: the first query's window onwards.
+        # Only the keys some query can see: the first query's window onwards (the blocks
+        # before it may have gone back to the pool, engine/kv_cache_manager.py).
         lo = max(0, causal_from - window + 1)
         k, v, causal_from = k[lo:], v[lo:], causal_from - lo
     q_len, seq_len = q.shape[0], k.shape[0]
@@ -86,6 +87,9 @@ def _capped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, cau
             window: int, softcap: float) -> torch.Tensor:
     """Soft-capped attention (Gemma 2), written out: SDPA has no hook between the scores
     and the softmax. Scores and softmax in fp32, as transformers computes them."""
+    if window > 0:  # keys before the first query's window are never read (they may be gone)
+        lo = max(0, causal_from - window + 1)
+        k, v, causal_from = k[lo:], v[lo:], causal_from - lo
     q_len, seq_len, heads = q.shape[0], k.shape[0], q.shape[1]
     group = heads // k.shape[1]
     kf = k.float().repeat_interleave(group, dim=1)

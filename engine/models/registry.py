@@ -40,6 +40,13 @@ def model_class(config) -> type[DecoderForCausalLM]:
     return cls
 
 
+def kv_window(config) -> int | None:
+    """The window every layer attends within, when every layer has one (the largest, so
+    no layer loses a key it reads); None when some layer sees the whole sequence."""
+    windows = model_class(config).spec(config).windows
+    return max(windows) if windows and all(windows) else None
+
+
 def text_config(config):
     """The config the decoder is built from: a multimodal config's text part, whose
     model_type the registry knows."""
