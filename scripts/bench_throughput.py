@@ -17,13 +17,16 @@ one, after one untimed run of each (an engine's first pass meets its GEMM shapes
 first time: a plain first run once gave 194 tok/s, its second 239); `--workload grounded`
 replaces the random prompts by scripts/workloads.py's input-grounded chat requests (cycled
 to --num-requests, greedy, ignoring eos); `--fixed 256,1` makes every prompt 256 tokens
-with one output token: the prefill steps of the served benchmark's prompts alone.
+with one output token: the prefill steps of the served benchmark's prompts alone;
+`--shape qwen3-0.6b` (or qwen3-1.7b) runs both engines on random weights of that shape
+(scripts/model_shapes.py, `load_format="dummy"` on both sides).
 
     python scripts/bench_throughput.py --dtype float32 --peer vllm --runs 3
     python scripts/bench_throughput.py --dtype bfloat16 --peer hf --profile
     python scripts/bench_throughput.py --tp 2 --num-requests 16
     python scripts/bench_throughput.py --runs 3 --workload grounded --speculative '{"method": "ngram"}'
     python scripts/bench_throughput.py --dtype bfloat16 --peer vllm --runs 3 --fixed 256,1
+    python scripts/bench_throughput.py --shape qwen3-0.6b --peer vllm --num-requests 16
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def grounded(n: int, seed: int, model_dir: str | None) -> list[tuple[list[int], 
 
 def make_engine(model_dir: str | None, dtype: str, args, tp: int = 1, pp: int = 1,
                 quantization: str | None = None, speculative: dict | None = None) -> LLM:
-    return LLM(model_dir, dtype=dtype, max_num_seqs=args.max_num_seqs,
+    return LLM(model_dir, dtype=dtype, load_format=args.load_format, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_bytes=args.kv_bytes,
                enable_prefix_caching=False, attention_backend=args.backend, tensor_parallel_size=tp,
                pipeline_parallel_size=pp, quantization=quantization, speculative_config=speculative)
@@ -128,7 +131,7 @@ def run_vllm(model_dir: Path, dtype: str, reqs, args) -> dict:
     env = vllm_env(args.kv_bytes, args.peer_defaults)  # every core for its engine, as ours gets
     cmd = [str(VLLM_PYTHON), str(ROOT / "scripts" / "peers" / "vllm_offline.py"), "--model", str(model_dir),
            "--workload", f.name, "--dtype", dtype, "--max-num-seqs", str(args.max_num_seqs),
-           "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+           "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--load-format", args.load_format]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/tmp", preexec_fn=all_cores)
     os.unlink(f.name)
     if out.returncode != 0:
@@ -198,8 +201,15 @@ def main() -> None:
     ap.add_argument("--fixed", default=None, metavar="IN,OUT", type=fixed_sizes,
                     help="random workload with every prompt IN tokens and every output OUT (256,1: prefill only)")
     ap.add_argument("--speculative", default=None, help="a speculative_config (JSON) to run beside the plain engine")
+    ap.add_argument("--shape", default=None, choices=["qwen3-0.6b", "qwen3-1.7b"],
+                    help="random weights of this shape on both sides instead of --model")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    args.load_format = "auto"
+    if args.shape:
+        from model_shapes import write as write_shape
+
+        args.model, args.load_format = str(write_shape(args.shape, Path(tempfile.mkdtemp()) / args.shape)), "dummy"
     if args.fixed and args.workload != "random":
         ap.error("--fixed sizes the random workload's requests; --workload grounded has its own")
     if args.peer is None:

@@ -19,6 +19,7 @@ def main() -> None:
     ap.add_argument("--dtype", required=True)
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--load-format", default="auto", help="dummy: random weights of the config's shape")
     args = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -27,7 +28,8 @@ def main() -> None:
     reqs = json.load(open(args.workload))
     t0 = time.perf_counter()
     llm = LLM(model=args.model, dtype=args.dtype, enable_prefix_caching=False, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024, seed=0)
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024, seed=0,
+              load_format=args.load_format)
     startup = time.perf_counter() - t0
     prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in reqs]

@@ -1,0 +1,45 @@
+"""Config directories of realistic model shapes, for benchmarks on random weights
+(`load_format="dummy"` in our engine and in vLLM): nothing is downloaded, and both engines
+build the same architecture at the same size.
+
+The tokenizer is a synthetic word-level one covering the whole vocabulary, so that every
+id a random-weight model samples decodes; the benchmarks feed token ids, never text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# The published configs' sizes (Qwen3-0.6B and Qwen3-1.7B: tied embeddings, head_dim 128).
+SHAPES: dict[str, dict] = {
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+}
+
+
+def write(shape: str, out: Path) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config
+
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = SHAPES[shape]
+    config = Qwen3Config(**sizes, max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                         bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+    config.architectures = ["Qwen3ForCausalLM"]
+    config.save_pretrained(out)
+    vocab = {f"t{i}": i for i in range(sizes["vocab_size"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2")
+    fast.save_pretrained(out)
+    (out / "shape.json").write_text(json.dumps({"shape": shape, **sizes}))
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(write(sys.argv[1], Path(sys.argv[2])))
