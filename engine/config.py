@@ -13,7 +13,9 @@ import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from engine import kv_groups as kv_plan
 from engine.errors import ParamError
+from engine.kv_groups import KVGroups
 from kernels.backend import AttentionBackend, select as select_backend
 
 logger = logging.getLogger(__name__)
@@ -210,7 +212,7 @@ class ResolvedConfig:
     max_model_len: int
     max_positions: int  # rotary table length
     num_blocks: int
-    kv_window: int | None = None  # every layer's window, when all have one and no draft model shares the tables
+    kv_groups: KVGroups | None = None  # which layers share a block table (engine/kv_groups.py)
 
     @classmethod
     def resolve(cls, config: EngineConfig, hf_config: Any, placement: Placement, attention_backend: AttentionBackend,
@@ -220,30 +222,42 @@ class ResolvedConfig:
         are still to be loaded on this device: call it once the weights are in, as vLLM
         sizes its pool after the profile run. `extra_block_bytes` is what each block also
         takes elsewhere (a draft model's cache, addressed by the same block ids)."""
-        from engine.models import registry
         from engine.models.decoder import kv_block_bytes
 
         device, dtype, positions = placement.device, placement.dtype, placement.max_positions
+        groups = kv_groups(config, hf_config)
         # Under parallelism every rank holds the same number of blocks, of its heads and layers.
         block_bytes = kv_block_bytes(hf_config, config.block_size, dtype, config.tensor_parallel_size,
-                                     config.pipeline_parallel_size) + extra_block_bytes
+                                     config.pipeline_parallel_size,
+                                     groups.layers_per_block if groups.num_groups > 1 else None) + extra_block_bytes
         num_blocks = _num_blocks(config, device, block_bytes, pending_bytes)
         capacity = num_blocks * config.block_size
-        # Where every layer is windowed a sequence holds at most its window, the step's new
-        # tokens and a partial block at each end (engine/kv_cache_manager.py); a draft model
-        # reads the same tables over the whole sequence.
-        draft = config.speculative_config is not None and config.speculative_config.method == "draft"
-        window = None if draft else registry.kv_window(hf_config)
-        max_model_len = config.max_model_len or (positions if window else min(positions, capacity))
-        held = max_model_len if window is None else \
-            min(max_model_len, window + config.max_num_batched_tokens + 2 * config.block_size)
-        if held > capacity:
+        # A windowed group holds at most its window, the step's new tokens and a partial block
+        # at each end (engine/kv_cache_manager.py); a full one the whole sequence.
+        max_model_len = config.max_model_len or (positions if all(groups.windows) else min(positions, capacity))
+        held = sum(-(-(max_model_len if w is None else min(max_model_len, w + config.max_num_batched_tokens
+                                                           + 2 * config.block_size)) // config.block_size)
+                   for w in groups.windows)
+        if held > num_blocks:
             raise ParamError(
                 "max_model_len",
-                f"max_model_len ({max_model_len}) needs {-(-held // config.block_size)} KV blocks but "
+                f"max_model_len ({max_model_len}) needs {held} KV blocks but "
                 f"kv_cache_memory_bytes only holds {num_blocks}; raise the memory or lower it",
             )
-        return cls(device, dtype, attention_backend, max_model_len, positions, num_blocks, window)
+        return cls(device, dtype, attention_backend, max_model_len, positions, num_blocks, groups)
+
+
+def kv_groups(config: EngineConfig, hf_config: Any) -> KVGroups:
+    """The block tables' layout: a table per group of like layers, except under pipeline
+    parallelism (each stage holds its own layers) and with a draft model (it reads the
+    target's tables over the whole sequence), where all layers share one."""
+    from engine.models import registry
+
+    draft = config.speculative_config is not None and config.speculative_config.method == "draft"
+    windows = registry.layer_windows(hf_config)
+    if draft:
+        return kv_plan.single(len(windows))
+    return kv_plan.plan(windows, split=config.pipeline_parallel_size == 1)
 
 
 def _device(name: str) -> torch.device:

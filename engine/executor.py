@@ -221,12 +221,13 @@ def create_executor(config: EngineConfig, placement: Placement, files: loader.Mo
                                    quantization=config.quantization)
         resolved = ResolvedConfig.resolve(config, hf_config, placement, backend, extra_block_bytes=extra_block_bytes)
         return LocalExecutor(ModelRunner(model, resolved.num_blocks, config.block_size, resolved.dtype,
-                                         resolved.device, backend)), resolved
+                                         resolved.device, backend, groups=resolved.kv_groups)), resolved
     ranks = config.tensor_parallel_size * config.pipeline_parallel_size
     pending = loader.weight_bytes(hf_config, placement.dtype) // ranks if measures_memory(placement.device) else 0
     resolved = ResolvedConfig.resolve(config, hf_config, placement, backend, pending, extra_block_bytes)
     spec = WorkerSpec(None if dummy else files, hf_config, resolved.dtype, resolved.device.type,
                       resolved.max_positions, resolved.num_blocks, config.block_size, backend,
                       config.seed, config.tensor_parallel_size, config.pipeline_parallel_size,
-                      parallel.free_port(), timeout_s=600.0)
+                      parallel.free_port(), timeout_s=600.0,
+                      kv_groups=resolved.kv_groups if config.pipeline_parallel_size == 1 else None)
     return ParallelExecutor(spec), resolved

@@ -7,7 +7,7 @@ crosses to the workers, packed into one int64 tensor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -15,12 +15,13 @@ import torch
 import kernels
 import kernels.cpu
 from kernels.backend import AttentionBackend, TorchBackend
+from engine import kv_groups
 from engine.kv_cache_manager import KVCacheManager
 from engine.models.decoder import AttnMetadata, DecoderForCausalLM, head_dim
 from engine.scheduler import Batch
 from engine.sequence import Sequence
 
-HEADER = 8  # int64s: kind, tokens, seqs, table width, decodes, logits rows, copies, spare
+HEADER = 8  # int64s: kind, tokens, seqs, table width, decodes, logits rows, copies, groups past the first
 STEP, NOOP, STOP = 0, 1, 2
 
 
@@ -37,33 +38,39 @@ class StepTensors:
     logits_indices: torch.Tensor  # int64 [rows]
     copies: torch.Tensor  # int64 [copies, 2]: (src, dst) blocks to copy before the pass
     num_decodes: int
+    # The other KV groups' tables and slots (engine/kv_groups.py), when the model has several.
+    group_tables: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, 0, dtype=torch.int64))
+    group_slots: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.int64))
 
     def pack(self) -> tuple[torch.Tensor, torch.Tensor]:
         n, (s, w) = self.input_ids.shape[0], self.block_tables.shape
         header = torch.tensor([STEP, n, s, w, self.num_decodes, self.logits_indices.shape[0],
-                               self.copies.shape[0], 0], dtype=torch.int64)
+                               self.copies.shape[0], self.group_slots.shape[0]], dtype=torch.int64)
         body = torch.cat([self.input_ids, self.positions, self.slot_mapping, self.block_tables.reshape(-1),
-                          self.query_start_loc, self.seq_lens, self.logits_indices, self.copies.reshape(-1)])
+                          self.query_start_loc, self.seq_lens, self.logits_indices, self.copies.reshape(-1),
+                          self.group_slots.reshape(-1), self.group_tables.reshape(-1)])
         return header, body
 
     @staticmethod
     def body_size(header: torch.Tensor) -> int:
-        _, n, s, w, _, rows, c, _ = header.tolist()
-        return 3 * n + s * w + (s + 1) + s + rows + 2 * c
+        _, n, s, w, _, rows, c, e = header.tolist()
+        return 3 * n + s * w + (s + 1) + s + rows + 2 * c + e * (n + s * w)
 
     @classmethod
     def unpack(cls, header: torch.Tensor, body: torch.Tensor) -> "StepTensors":
-        _, n, s, w, nd, rows, c, _ = header.tolist()
-        sizes = [n, n, n, s * w, s + 1, s, rows, 2 * c]
-        ids, pos, slots, tables, qsl, lens, idx, copies = body.split(sizes)
-        return cls(ids, pos, slots, tables.view(s, w), qsl, lens, idx, copies.view(c, 2), nd)
+        _, n, s, w, nd, rows, c, e = header.tolist()
+        sizes = [n, n, n, s * w, s + 1, s, rows, 2 * c, e * n, e * s * w]
+        ids, pos, slots, tables, qsl, lens, idx, copies, gslots, gtables = body.split(sizes)
+        return cls(ids, pos, slots, tables.view(s, w), qsl, lens, idx, copies.view(c, 2), nd,
+                   gtables.view(e, s, w), gslots.view(e, n))
 
     def to(self, device: torch.device) -> "StepTensors":
         if device.type == "cpu":
             return self
-        return StepTensors(*(t.to(device, non_blocking=True) for t in (
+        moved = [t.to(device, non_blocking=True) for t in (
             self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.query_start_loc,
-            self.seq_lens, self.logits_indices, self.copies)), self.num_decodes)
+            self.seq_lens, self.logits_indices, self.copies, self.group_tables, self.group_slots)]
+        return StepTensors(*moved[:8], self.num_decodes, *moved[8:])
 
 
 @dataclass
@@ -97,12 +104,18 @@ def flatten(tokens: list[list[int]], first: list[int], tables: list[list[int]], 
     starts = np.concatenate(([0], np.cumsum(num_new)))
     req_of_token = np.repeat(np.arange(len(tokens)), num_new)
     positions = np.arange(int(starts[-1])) - starts[req_of_token] + computed[req_of_token]
+    table_np, slots = table_and_slots(tables, req_of_token, positions, block_size)
+    return ids, positions, slots, table_np, starts
+
+
+def table_and_slots(tables: list[list[int]], req_of_token: np.ndarray, positions: np.ndarray, block_size: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The tables as one array, and each token's cache slot through its sequence's table."""
     width = max(len(t) for t in tables)
     table_np = np.zeros((len(tables), width), dtype=np.int64)
     for i, t in enumerate(tables):
         table_np[i, : len(t)] = t
-    slots = table_np[req_of_token, positions // block_size] * block_size + positions % block_size
-    return ids, positions, slots, table_np, starts
+    return table_np, table_np[req_of_token, positions // block_size] * block_size + positions % block_size
 
 
 def prepare(batch: Batch, kv_manager: KVCacheManager) -> StepInput:
@@ -146,6 +159,12 @@ def prepare(batch: Batch, kv_manager: KVCacheManager) -> StepInput:
         copies=torch.tensor(batch.copies, dtype=torch.int64).view(-1, 2),
         num_decodes=int((num_new == 1).sum()),
     )
+    if kv_manager.num_groups > 1:
+        req_of_token = np.repeat(np.arange(len(reqs)), num_new)
+        extra = [table_and_slots([kv_manager.block_ids(r, g) for r in reqs], req_of_token, positions,
+                                 kv_manager.block_size) for g in range(1, kv_manager.num_groups)]
+        tensors.group_tables = torch.from_numpy(np.stack([t for t, _ in extra]))
+        tensors.group_slots = torch.from_numpy(np.stack([s for _, s in extra]))
     return StepInput(tensors, [reqs[i] for i in sampling_rows], rows, spans)
 
 
@@ -161,6 +180,7 @@ class ModelRunner:
         device: torch.device,
         backend: AttentionBackend = TorchBackend(),
         cores: list[int] | None = None,
+        groups: kv_groups.KVGroups | None = None,
     ) -> None:
         self.model = model
         self.device = device
@@ -172,10 +192,13 @@ class ModelRunner:
             kernels.cpu.keep_freed_memory()
         num_kv = model.layers[0].self_attn.num_kv_heads if len(model.layers) else 0
         shape = (num_blocks, block_size, num_kv, head_dim(model.config))
-        self.kv_caches = [
+        # One K/V pair per layer of a block (engine/kv_groups.py); each layer reads its own.
+        self.groups = groups = groups or kv_groups.single(len(model.layers))
+        self.kv_slots = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in model.layers
+            for _ in range(groups.layers_per_block)
         ]
+        self.kv_caches = [self.kv_slots[j] for j in groups.slot_of]
 
     @torch.inference_mode()
     def forward(self, step: StepTensors, hidden: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -186,18 +209,26 @@ class ModelRunner:
             self._threads_bound = True
         step = step.to(self.device)
         if step.copies.shape[0]:
-            for k, v in self.kv_caches:
+            for k, v in self.kv_slots:
                 kernels.copy_blocks(k, v, step.copies[:, 0], step.copies[:, 1])
-        return self.model(step.input_ids, step.positions, self.kv_caches, self.meta(step), step.logits_indices,
-                          hidden)
+        metas = self.metas(step)
+        return self.model(step.input_ids, step.positions, self.kv_caches, [metas[g] for g in self.groups.group_of],
+                          step.logits_indices, hidden)
 
-    def meta(self, step: StepTensors) -> AttnMetadata:
-        nd = step.num_decodes
-        tables = step.block_tables.to(torch.int32)
+    def metas(self, step: StepTensors) -> list[AttnMetadata]:
+        """Each KV group's attention metadata: its own tables and slots, the batch's shape."""
         lens = step.seq_lens.to(torch.int32)
         qsl = step.query_start_loc.to(torch.int32)
+        out = [self.meta(step.block_tables, step.slot_mapping, step.num_decodes, lens, qsl)]
+        for tables, slots in zip(step.group_tables, step.group_slots):
+            out.append(self.meta(tables, slots, step.num_decodes, lens, qsl))
+        return out
+
+    def meta(self, block_tables: torch.Tensor, slot_mapping: torch.Tensor, nd: int, lens: torch.Tensor,
+             qsl: torch.Tensor) -> AttnMetadata:
+        tables = block_tables.to(torch.int32)
         return AttnMetadata(
-            slot_mapping=step.slot_mapping,
+            slot_mapping=slot_mapping,
             num_decode_tokens=nd,
             decode_block_tables=tables[:nd],
             decode_seq_lens=lens[:nd],

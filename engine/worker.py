@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import parallel
+from engine.kv_groups import KVGroups
 from engine.models import loader
 from engine.runner import HEADER, NOOP, STOP, ModelRunner, StepTensors
 from kernels.backend import AttentionBackend
@@ -41,6 +42,7 @@ class WorkerSpec:
     pp: int
     port: int
     timeout_s: float
+    kv_groups: KVGroups | None = None  # None: a cache tensor per layer of this rank's stage
 
 
 def build(spec: WorkerSpec, rank: int, waiting: Callable[[], None] | None = None
@@ -60,7 +62,7 @@ def build(spec: WorkerSpec, rank: int, waiting: Callable[[], None] | None = None
                                dummy=spec.files is None, seed=spec.seed + rank,
                                fused=spec.attention_backend.fused_ops, dist=group)
     runner = ModelRunner(model, spec.num_blocks, spec.block_size, spec.dtype, device, spec.attention_backend,
-                         cores)
+                         cores, spec.kv_groups)
     return group, runner
 
 

@@ -1,6 +1,7 @@
 """A model whose every layer is windowed (Mistral v0.1) keeps at most its window's KV
-blocks per sequence: the rest go back to the pool as the sequence moves on. Prefix
-caching, forks (beam search), speculative decoding and preemption stay exact."""
+blocks per sequence: the rest go back to the pool as the sequence moves on; a hybrid
+model's local layers do the same through their own block tables. Prefix caching, forks
+(beam search), speculative decoding and preemption stay exact."""
 
 from __future__ import annotations
 
@@ -77,3 +78,19 @@ def test_beam_search_over_a_window_equals_transformers(mistral):
         want, _ = hf_beams(hf, prompt, 2, 1.0, [2], 24)
         out = llm.beam_search([prompt], BeamSearchParams(2, 24, length_penalty=1.0, early_stopping=True))[0]
         assert [s.output_token_ids for s in out.sequences] == want
+
+
+def test_a_hybrid_models_local_layers_stop_growing_at_the_window(tmp_path, default_model_dir):
+    """Gemma 2 (local, global, local layers): the local layers' block tables give back what
+    lies before the window while the global one keeps the whole sequence; the tokens are
+    transformers'."""
+    path = arch_models.build("gemma2", tmp_path / "gemma2", default_model_dir)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    llm = windowed_llm(path, 64)
+    groups = llm.engine.resolved.kv_groups
+    assert groups.windows == (None, WINDOW, WINDOW) and groups.layers_per_block == 1
+    prompt = prompts(1, 30, seed=5)[0]
+    most, _ = peak_blocks(llm, prompt, SamplingParams(temperature=0, max_tokens=150, ignore_eos=True))
+    local = -(-(WINDOW + BUDGET) // BS) + 1
+    assert most <= -(-180 // BS) + 2 * local  # 23 global blocks and at most 4 per local layer; 69 without
+    assert engine_greedy(llm, [prompt], 150, ignore_eos=True) == hf_greedy(hf, [prompt], 150, None)

@@ -35,12 +35,14 @@ def num_kv_heads(config) -> int:
     return config.num_key_value_heads or config.num_attention_heads
 
 
-def kv_block_bytes(config, block_size: int, dtype: torch.dtype, tp: int = 1, pp: int = 1) -> int:
-    """Bytes of one KV block across all layers (K and V); under parallelism, on the rank
-    holding the most heads and layers."""
+def kv_block_bytes(config, block_size: int, dtype: torch.dtype, tp: int = 1, pp: int = 1,
+                   layers_per_block: int | None = None) -> int:
+    """Bytes of one KV block across the layers it serves (K and V): all of them, or a
+    group's (engine/kv_groups.py); under parallelism, on the rank holding the most heads
+    and layers."""
     elem = torch.empty((), dtype=dtype).element_size()
     heads = parallel.max_kv_heads(config, tp)
-    layers = parallel.max_layers(config.num_hidden_layers, pp)
+    layers = layers_per_block or parallel.max_layers(config.num_hidden_layers, pp)
     return 2 * layers * block_size * heads * head_dim(config) * elem
 
 
@@ -259,13 +261,14 @@ class DecoderForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttnMetadata,
+        metas: list[AttnMetadata],
         logits_indices: torch.Tensor,
         hidden: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """fp32 logits only at logits_indices (sampling needs no others) on the rank that
         samples; a later stage's input (`hidden`) on the others of a pipeline; None on the
-        other tensor ranks of the last stage."""
+        other tensor ranks of the last stage. kv_caches and metas are per layer: a hybrid
+        model's local and global layers read their KV through their own block tables."""
         h = self.embed(input_ids) if self.first else hidden
         ropes = [(getattr(self, f"cos_cache{i}")[positions].to(h.dtype),
                   getattr(self, f"sin_cache{i}")[positions].to(h.dtype)) for i in range(len(self.rope_kinds))]
@@ -276,13 +279,13 @@ class DecoderForCausalLM(nn.Module):
             for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
                 keep = logits_indices if picked and i == len(self.layers) - 1 else None
                 cos, sin = ropes[self.layer_rope[i]]
-                h, pending = layer.forward_fused(h, pending, cos, sin, kv_cache, meta, keep)
+                h, pending = layer.forward_fused(h, pending, cos, sin, kv_cache, metas[i], keep)
             h = h + pending if pending is not None else h
         else:
             ropes = [(cos[:, None, :], sin[:, None, :]) for cos, sin in ropes]
             for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
                 cos, sin = ropes[self.layer_rope[i]]
-                h = layer(h, cos, sin, kv_cache, meta)
+                h = layer(h, cos, sin, kv_cache, metas[i])
         if not self.last:
             return h
         h = self.norm(h if picked else h[logits_indices])

@@ -40,11 +40,9 @@ def model_class(config) -> type[DecoderForCausalLM]:
     return cls
 
 
-def kv_window(config) -> int | None:
-    """The window every layer attends within, when every layer has one (the largest, so
-    no layer loses a key it reads); None when some layer sees the whole sequence."""
-    windows = model_class(config).spec(config).windows
-    return max(windows) if windows and all(windows) else None
+def layer_windows(config) -> tuple[int, ...]:
+    """Each layer's sliding window, 0 where it sees the whole sequence."""
+    return model_class(config).spec(config).windows
 
 
 def text_config(config):
