@@ -97,8 +97,9 @@ class LLMService:
             config = EngineConfig.create(**{**config.model_dump(), "model": stored.path})
             served = served or stored.info.metadata.get("served_model_name")
             root = str(stored.tag)
-        elif config.model is None and PRESET.service.model_tag in packaged.PACKAGES:
-            # Not imported yet: the packaged model the tag names (the embedded one by default).
+        elif config.model is None and PRESET.service.model_tag in packaged.PACKAGES \
+                and PRESET.service.model_tag != packaged.DEFAULT_MODEL_TAG:
+            # Not imported yet: the packaged model the tag names (None below: the embedded one).
             config = EngineConfig.create(**{**config.model_dump(), "model": PRESET.service.model_tag})
             served = served or packaged.PACKAGES[PRESET.service.model_tag].name
         # The engine core runs in its own process; this one keeps HTTP, tokenization and SSE.
