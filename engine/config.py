@@ -212,7 +212,7 @@ class ResolvedConfig:
     max_model_len: int
     max_positions: int  # rotary table length
     num_blocks: int
-    kv_groups: KVGroups | None = None  # which layers share a block table (engine/kv_groups.py)
+    kv_groups: KVGroups  # which layers share a block table (engine/kv_groups.py)
 
     @classmethod
     def resolve(cls, config: EngineConfig, hf_config: Any, placement: Placement, attention_backend: AttentionBackend,

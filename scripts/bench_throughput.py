@@ -279,6 +279,10 @@ def main() -> None:
 
     if args.runs:
         llm.shutdown()  # the parallel workers give their cores back before any peer runs
+        del llm  # and its weights their memory: a 1.7B fp32 peer did not fit beside ours
+        import gc
+
+        gc.collect()
     if args.peer == "self" and ours:
         print(f"engine tp {args.tp} pp {args.pp} / one process: {ours / results['engine_tp1_pp1'][0]:.2f}x")
     if args.peer == "vllm":
