@@ -60,8 +60,9 @@ class LLMEngine:
         self.model_name = config.model or loader.DEFAULT_MODEL_NAME
         self.hf_config = hf_config
         self.tokenizer = loader.load_tokenizer(files)
-        self.eos_token_ids = _eos_ids(hf_config, self.tokenizer)
-        self.sampling_defaults = loader.load_sampling_defaults(files)  # generation_config.json
+        generation = loader.load_generation_config(files)
+        self.eos_token_ids = loader.eos_token_ids(hf_config, generation, self.tokenizer)
+        self.sampling_defaults = loader.sampling_defaults(generation)
         self.hf_id = loader.hf_id(files)
 
         sc = config.speculative_config
@@ -426,11 +427,3 @@ class LLMEngine:
 def encode_prompt(tokenizer, text: str) -> list[int]:
     """A text prompt's token ids, special tokens (BOS) included, as transformers adds them."""
     return tokenizer.encode(text, add_special_tokens=True)
-
-
-def _eos_ids(config, tokenizer) -> list[int]:
-    ids = config.eos_token_id
-    ids = [ids] if isinstance(ids, int) else list(ids or [])
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    return ids

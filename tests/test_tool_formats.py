@@ -33,6 +33,10 @@ CASES = [
     ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}[TOOL_CALLS]get_time[ARGS]{}', "",
      [PARIS, ("get_time", {})]),
     ("mistral", "[TOOL_CALLS][{broken", "[TOOL_CALLS][{broken", []),
+    ("granite", 'Checking.<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}, '
+                '{"name": "get_time", "arguments": {}}]', "Checking.", [PARIS, ("get_time", {})]),
+    ("granite", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}]', "", [PARIS]),
+    ("granite", "<|tool_call|>[{'name': 'x'}]", "<|tool_call|>[{'name': 'x'}]", []),
     ("pythonic", '[get_weather(city="Paris", days=2), get_time()]', "", [PARIS, ("get_time", {})]),
     ("pythonic", "[1, 2, 3] are numbers", "[1, 2, 3] are numbers", []),
     ("pythonic", "[get_weather(city=open('x'))]", "[get_weather(city=open('x'))]", []),
@@ -88,6 +92,7 @@ def test_the_format_is_read_from_the_chat_template():
     assert detect("{{ '<tool_call>' }}") == "hermes"
     assert detect("{% if tools %}<|python_tag|>{% endif %}ipython") == "llama3_json"
     assert detect("[AVAILABLE_TOOLS]{{ tools }}[TOOL_CALLS]") == "mistral"
+    assert detect("{{ '<|tool_call|>' + message['tool_calls'] | tojson }}") == "granite"
     assert detect("[func_name1(params_name1=params_value1)]") == "pythonic"
     assert detect(None) == detect("{{ messages }}") == "hermes"
 
@@ -109,7 +114,7 @@ def serve(tiny_model_factory):
 
     llm = tiny_llm(tiny_model_factory("llama31-style-tiny"), LLAMA_TEMPLATE)
     clients = {}
-    for fmt in ("llama3_json", "mistral", "pythonic"):
+    for fmt in ("llama3_json", "mistral", "granite", "pythonic"):
         serving = OpenAIServing(llm, "tiny", tool_call_parser=fmt)
         clients[fmt] = TestClient(create_app(lambda s=serving: s)).__enter__()
     yield clients
@@ -122,7 +127,7 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 @pytest.mark.served
-@pytest.mark.parametrize("fmt", ["llama3_json", "mistral", "pythonic"])
+@pytest.mark.parametrize("fmt", ["llama3_json", "mistral", "granite", "pythonic"])
 def test_a_forced_call_in_each_format_follows_the_schema(serve, fmt):
     bounded = {"type": "function", "function": {"name": "get_weather", "parameters": {  # a random model's
         "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},  # strings never end

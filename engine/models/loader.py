@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -24,6 +25,7 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from engine.models import DEFAULT_GGUF_FILE, DEFAULT_HF_ID, DEFAULT_MODEL_NAME, default_model_path
 from engine import parallel
+from engine.errors import ParamError
 from engine.models import gguf_config, packaged, packed_linear, registry
 from engine.models.decoder import DecoderForCausalLM
 
@@ -125,13 +127,34 @@ def load_config(files: ModelFiles) -> PretrainedConfig:
 SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
-def load_sampling_defaults(files: ModelFiles) -> dict[str, float]:
-    """The sampling settings the model's authors recommend, for requests that leave them unset."""
+def load_generation_config(files: ModelFiles) -> dict[str, Any]:
+    """The model's generation_config.json, or nothing; a file that is not a JSON object is
+    the model's error, named, not a silent default."""
     path = files.path / "generation_config.json"
     if not path.is_file():
         return {}
     data = json.loads(path.read_text())
-    return {k: data[k] for k in SAMPLING_DEFAULT_KEYS if isinstance(data.get(k), (int, float))}
+    if not isinstance(data, dict):
+        raise ParamError("model", f"{path} holds {type(data).__name__}, not a JSON object")
+    return data
+
+
+def sampling_defaults(generation: dict[str, Any]) -> dict[str, float]:
+    """The sampling settings the model's authors recommend, for requests that leave them unset."""
+    return {k: generation[k] for k in SAMPLING_DEFAULT_KEYS if isinstance(generation.get(k), (int, float))}
+
+
+def eos_token_ids(config: PretrainedConfig, generation: dict[str, Any], tokenizer: Any) -> list[int]:
+    """Every token that ends a generation: the config's, generation_config's and the
+    tokenizer's. Chat models end a turn on a token the base config does not name (Phi-3's
+    <|end|>, Llama 3's <|eot_id|>, Gemma's <end_of_turn>); transformers' generate stops on
+    generation_config's list, and so must we."""
+    ids: list[int] = []
+    for found in (config.eos_token_id, generation.get("eos_token_id"), tokenizer.eos_token_id):
+        for t in [found] if isinstance(found, int) else list(found or []):
+            if isinstance(t, int) and not isinstance(t, bool) and t not in ids:
+                ids.append(t)
+    return ids
 
 
 def hf_id(files: ModelFiles) -> str | None:

@@ -64,6 +64,7 @@ class OpenAIServing:
         self._tok = llm.tokenizer
         self._native_tools = tools_mod.template_takes_tools(self._tok)
         self.tool_format = tool_call_parser or tools_mod.template_format(self._tok)
+        self._special_marker = tools_mod.marker_is_special(self._tok, self.tool_format)
         self.offload = Offload()
 
     # -- simple routes --------------------------------------------------------------
@@ -83,7 +84,8 @@ class OpenAIServing:
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of `prompt` and `messages`", "prompt")
         if req.messages is not None:
-            ids = await self.chat_prompt_async(req.messages, req.add_generation_prompt, req.tools)
+            ids = await self.chat_prompt_async(req.messages, req.add_generation_prompt, req.tools,
+                                               req.chat_template_kwargs)
         else:
             ids = await self.offload.run(len(req.prompt), functools.partial(
                 self._tok.encode, req.prompt, add_special_tokens=req.add_special_tokens))
@@ -137,9 +139,10 @@ class OpenAIServing:
     # -- sampling -------------------------------------------------------------------
     def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None,
                         names: dict[str, str], tool_call: Constraint | None = None,
-                        prompt_logprobs: int | None = None) -> SamplingParams:
+                        prompt_logprobs: int | None = None, keep_special_tokens: bool = False) -> SamplingParams:
         """The model's generation_config.json, then OpenAI's defaults, where the request is
-        silent (as vLLM's `--generation-config auto`); SamplingParams checks the ranges."""
+        silent (as vLLM's `--generation-config auto`); SamplingParams checks the ranges.
+        `keep_special_tokens` decodes them where the request left skip_special_tokens unset."""
         if req.prompt_logprobs is not None and req.stream:
             raise bad_request("prompt_logprobs cannot be streamed; ask without stream", "prompt_logprobs")
         kw: dict[str, Any] = {
@@ -148,7 +151,8 @@ class OpenAIServing:
             "n": req.n, "max_tokens": max_tokens, "seed": req.seed, "logprobs": logprobs,
             "stop": [req.stop] if isinstance(req.stop, str) else list(req.stop or []),
             "stop_token_ids": list(req.stop_token_ids or []), "min_tokens": req.min_tokens,
-            "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens,
+            "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens and not (
+                keep_special_tokens and "skip_special_tokens" not in req.model_fields_set),
             "logit_bias": token_keys(req.logit_bias or {}, "logit_bias", self.llm.info.vocab_size),
             "allowed_token_ids": req.allowed_token_ids,
             "include_stop_str_in_output": req.include_stop_str_in_output,
@@ -208,10 +212,17 @@ class OpenAIServing:
             if req.max_completion_tokens is not None:
                 names["max_tokens"] = "max_completion_tokens"
         forced = tools_mod.constraint(tools, req.tool_choice, req.parallel_tool_calls, self.tool_format, req.tools)
-        params = self.sampling_params(req, max_tokens, logprobs, names, forced)
+        params = self.sampling_params(req, max_tokens, logprobs, names, forced,
+                                      keep_special_tokens=self.keeps_special_tokens(req, tools))
         rid = random_id("chatcmpl")
         [started] = await self._start([prompt], params, rid, req, names, "chat")
         return rid, started, tools
+
+    def keeps_special_tokens(self, req: ChatCompletionRequest, tools: list[Tool]) -> bool:
+        """Whether this chat decodes special tokens although the request left
+        skip_special_tokens unset: with tools to call in a format whose tag is a special
+        token, the tag must reach the call parser (vLLM's tool parsers ask the same)."""
+        return bool(tools) and self._special_marker and "skip_special_tokens" not in req.model_fields_set
 
     async def chat(self, req: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[str]:
         rid, (first, gen), tools = await self.start_chat(req)

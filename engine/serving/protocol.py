@@ -395,6 +395,7 @@ class TokenizeRequest(_Request):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     tools: list[Tool] | None = None  # rendered into the prompt as chat requests render them
+    chat_template_kwargs: dict[str, Any] | None = None  # as a chat request's
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 

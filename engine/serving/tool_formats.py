@@ -1,4 +1,4 @@
-"""Tool-call formats other than Hermes: Llama-3 JSON, Mistral and pythonic.
+"""Tool-call formats other than Hermes: Llama-3 JSON, Mistral, Granite and pythonic.
 
 Each is the way a model family writes its calls, and in each the calls take the rest of
 the output once they begin:
@@ -6,6 +6,7 @@ the output once they begin:
     llama3_json  {"name": "get_weather", "parameters": {"city": "Paris"}}   (";"-separated,
                  optionally after <|python_tag|>; only at the start of the output)
     mistral      [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    granite      <|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]
     pythonic     [get_weather(city="Paris"), get_time(zone="UTC")]          (only at the start)
 
 TailParser holds the text back from the marker on and parses it at the end: calls that
@@ -32,6 +33,7 @@ from engine.serving.protocol import FunctionCall, ToolCall
 Call = tuple[str, dict[str, Any]]
 PYTHON_TAG = "<|python_tag|>"
 MISTRAL_TAG = "[TOOL_CALLS]"
+GRANITE_TAG = "<|tool_call|>"
 
 
 def _json_calls(text: str, args_keys: tuple[str, ...]) -> list[Call] | None:
@@ -83,6 +85,17 @@ def _mistral(text: str) -> list[Call] | None:
     return calls or None
 
 
+def _granite(text: str) -> list[Call] | None:
+    calls: list[Call] = []
+    for part in text.split(GRANITE_TAG):
+        if part.strip():
+            got = _json_calls(part, ("arguments", "parameters"))
+            if got is None:
+                return None
+            calls += got
+    return calls or None
+
+
 def _pythonic(text: str) -> list[Call] | None:
     try:
         tree = ast.parse(text.strip(), mode="eval").body
@@ -119,6 +132,9 @@ FORMATS = {
                                                       for n, a in calls), True),
     "mistral": ToolFormat((MISTRAL_TAG,), False, _mistral,
                           lambda calls: MISTRAL_TAG + json.dumps([{"name": n, "arguments": a} for n, a in calls],
+                                                                 ensure_ascii=False), True),
+    "granite": ToolFormat((GRANITE_TAG,), False, _granite,
+                          lambda calls: GRANITE_TAG + json.dumps([{"name": n, "arguments": a} for n, a in calls],
                                                                  ensure_ascii=False), True),
     "pythonic": ToolFormat(("[",), True, _pythonic,
                            lambda calls: "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items())
@@ -166,6 +182,8 @@ def detect(template: str | None) -> str:
     t = template or ""
     if MISTRAL_TAG in t:
         return "mistral"
+    if GRANITE_TAG in t:
+        return "granite"
     if "<tool_call>" in t:
         return "hermes"
     if "func_name1(" in t or "[func_name(" in t:
@@ -179,7 +197,7 @@ def detect(template: str | None) -> str:
 # name as written, group 2 the arguments' first character (Hermes blocks open the same way).
 CALL_HEAD = r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(\S)'
 # Before it, separators and markers; or Mistral's v11 spelling, name[ARGS]<first char>.
-_SKIP = r'(?:\s|[;,\[\]}]|' + re.escape(PYTHON_TAG) + "|" + re.escape(MISTRAL_TAG) + ")*"
+_SKIP = r'(?:\s|[;,\[\]}]|' + "|".join(map(re.escape, (PYTHON_TAG, MISTRAL_TAG, GRANITE_TAG))) + ")*"
 _HEADS = (re.compile(_SKIP + CALL_HEAD), re.compile(_SKIP + r'([A-Za-z_][\w.\-]*)\[ARGS\]\s*(\S)'))
 
 

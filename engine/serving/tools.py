@@ -35,8 +35,8 @@ from engine.serving.argstream import ArgStream
 from engine.serving.errors import bad_request
 from engine.serving.protocol import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall, ToolChoice
 from engine.serving.reasoning import ReasoningParser, ReasoningParserName
-from engine.serving.tool_formats import (CALL_HEAD, FORMATS, MISTRAL_TAG, Call, CallDelta, TailParser, detect,
-                                         fold, make_call, new_call_id, partial_suffix, streamed_name)
+from engine.serving.tool_formats import (CALL_HEAD, FORMATS, GRANITE_TAG, MISTRAL_TAG, Call, CallDelta, TailParser,
+                                         detect, fold, make_call, new_call_id, partial_suffix, streamed_name)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # How a Hermes block opens when it is a call whose arguments can stream: the name first, then the arguments.
@@ -51,6 +51,7 @@ Each result comes back inside <tool_response></tool_response> tags. Answer in pl
 HOW = {"hermes": "its name and arguments as one JSON object inside <tool_call></tool_call> tags, one block per call",
        "llama3_json": "only its name and parameters as one JSON object, calls separated by \"; \"",
        "mistral": "[TOOL_CALLS] and then a JSON list of the calls, each with its name and arguments",
+       "granite": "<|tool_call|> and then a JSON list of the calls, each with its name and arguments",
        "pythonic": "only a Python list of the calls, with keyword arguments"}
 
 Conversation = list[dict[str, Any]]
@@ -149,6 +150,18 @@ def write_calls(calls: list[Call], fmt: str) -> str:
                      for n, a in calls)
 
 
+def marker_is_special(tokenizer: Any, fmt: str) -> bool:
+    """Whether a tag that marks this format's calls is one special token of the tokenizer
+    (Mistral's [TOOL_CALLS], Granite's <|tool_call|>): decoding with the default
+    skip_special_tokens would drop it from the text and leave the calls unparsable."""
+    tags = (OPEN, CLOSE) if fmt == "hermes" else tuple(m for m in FORMATS[fmt].markers if len(m) > 1)
+    for tag in tags:
+        ids = tokenizer.encode(tag, add_special_tokens=False)
+        if len(ids) == 1 and tokenizer.decode(ids, skip_special_tokens=True) == "":
+            return True
+    return False
+
+
 # A call's grammar per format: what opens a call to `name` (its arguments follow as JSON),
 # what closes it, what separates calls, and (under auto with a strict function) the text
 # that, once the model writes it, begins a call the grammar then holds to the schema.
@@ -157,6 +170,8 @@ GRAMMAR = {
     "llama3_json": (lambda name: f'{{"name": {json.dumps(name)}, "parameters": ', "}", "; ", '{"name"'),
     "mistral": (lambda name: f'{MISTRAL_TAG}[{{"name": {json.dumps(name)}, "arguments": ', "}]", "",
                 MISTRAL_TAG),
+    "granite": (lambda name: f'{GRANITE_TAG}[{{"name": {json.dumps(name)}, "arguments": ', "}]", "",
+                GRANITE_TAG),
 }
 
 
