@@ -18,17 +18,19 @@ GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3_tex
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
 
 
-def _byte_tokenizer(writer) -> None:
+def _byte_tokenizer(writer, specials: tuple[str, ...] = ()) -> None:
     """A small byte-level tokenizer: a GGUF's tokenizer is parsed every time the file is
-    read, and a real 49k-token one made each read of these files take five seconds."""
+    read, and a real 49k-token one made each read of these files take five seconds.
+    `specials` are control tokens after the bytes (a chat format's tags)."""
     import gguf
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     chars = list(bytes_to_unicode().values())
     words = chars + ["\u0120\u0120"]  # and one merge, of two spaces: the reader needs some
-    tokens = ["<unk>", "<s>", "</s>"] + words + [f"<extra_{i}>" for i in range(VOCAB - 3 - len(words))]
+    extra = VOCAB - 3 - len(words) - len(specials)
+    tokens = ["<unk>", "<s>", "</s>"] + words + list(specials) + [f"<extra_{i}>" for i in range(extra)]
     types = [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * len(words) \
-        + [gguf.TokenType.USER_DEFINED] * (VOCAB - 3 - len(words))
+        + [gguf.TokenType.CONTROL] * len(specials) + [gguf.TokenType.USER_DEFINED] * extra
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
@@ -38,7 +40,10 @@ def _byte_tokenizer(writer) -> None:
     writer.add_eos_token_id(2)
 
 
-def write(hf_dir: Path, out: Path, qtype: str = "F32") -> Path:
+def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None = None,
+          specials: tuple[str, ...] = ()) -> Path:
+    """`chat_template` and its `specials` (control tokens) go in the tokenizer, as a chat
+    model's converter writes them."""
     import gguf
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -79,7 +84,9 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32") -> Path:
             tensors["rope_factors_long.weight"] = torch.tensor(rope["long_factor"], dtype=torch.float32)
             tensors["rope_factors_short.weight"] = torch.tensor(rope["short_factor"], dtype=torch.float32)
     assert config.vocab_size == VOCAB, "build the checkpoint with vocab_size=gguf_files.VOCAB"
-    _byte_tokenizer(writer)
+    _byte_tokenizer(writer, specials)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     names = gguf.get_tensor_name_map(arch, layers)
     for hf_name, tensor in tensors.items():
         if hf_name.startswith("rope_factors"):

@@ -85,3 +85,23 @@ def test_a_block_type_without_a_kernel_is_refused_by_name(written):
     assert e.value.param == "quantization" and "Q5_0" in str(e.value)
     llm = LLM(str(gguf), dtype="float32", max_model_len=64, quantization="auto")
     assert llm.engine.config.quantization is None
+
+
+def test_a_chat_gguf_stops_on_the_turn_end_its_template_writes(written, tmp_path, default_model_dir):
+    """A GGUF names one eos; a Gemma chat file's turns end on <end_of_turn>, which only its
+    chat template shows. The converted model stops there, as llama.cpp does."""
+    from engine.sampling_params import SamplingParams
+
+    # no whitespace: the byte-level vocabulary of these files has no SentencePiece spaces
+    template = ("{% for m in messages %}<start_of_turn>{{ m['role'] }}:{{ m['content'] }}<end_of_turn>"
+                "{% endfor %}<start_of_turn>model:")
+    hf_dir = arch_models.build("gemma3_text", tmp_path / "hf", default_model_dir, vocab_size=gguf_files.VOCAB,
+                               **GGUF_OVERRIDES["gemma3_text"])
+    gguf = gguf_files.write(hf_dir, tmp_path / "chat.gguf", chat_template=template,
+                            specials=("<start_of_turn>", "<end_of_turn>"))
+    llm = LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization=None)
+    end = llm.tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert llm.engine.eos_token_ids == [2, end]
+    [out] = llm.chat([[{"role": "user", "content": "hi"}]],
+                     SamplingParams(max_tokens=8, temperature=0, logit_bias={end: 100.0}))
+    assert out.outputs[0].token_ids == [end] and out.outputs[0].finish_reason == "stop"

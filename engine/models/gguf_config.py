@@ -1,6 +1,6 @@
 """What a GGUF file says about its architecture that transformers' GGUF config reader
 drops, put back: head sizes, sliding windows, Gemma 2's soft-caps, Gemma's query scale, Phi-3's
-partial rotary and LongRoPE factors, rope scaling.
+partial rotary and LongRoPE factors, rope scaling; and the tokens that end a turn.
 
 transformers maps only a fixed list of `<arch>.*` keys into the config (its
 GGUF_CONFIG_MAPPING); the rest would silently fall back to its config defaults, and a
@@ -28,6 +28,33 @@ def _fields(path: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
               if not k.startswith("tokenizer.") or k == "tokenizer.ggml.padding_token_id"}
     tensors = {t.name: t for t in reader.tensors if t.name.startswith("rope_factors")}
     return str(fields.get("general.architecture", "")), fields, tensors
+
+
+# Tokens that end an assistant turn in the chat formats of the served families. An HF
+# checkpoint lists its own in generation_config.json; a GGUF names only its eos (and at times
+# an eot or eom), so llama.cpp also stops on these when the vocabulary has them; here, when
+# the file's chat template writes them.
+TURN_ENDS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|end_of_text|>",
+             "<|endoftext|>")
+
+
+def stop_token_ids(path: Path, tokenizer: Any) -> list[int]:
+    """Every token a generation from this file ends on: eos, eot, eom and the turn ends
+    its chat template writes, for the generation_config.json the converted model gets."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    ids: list[int] = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        f = reader.fields.get(key)
+        if f is not None and int(f.contents()) not in ids:
+            ids.append(int(f.contents()))
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    vocab = tokenizer.get_vocab()
+    for text in TURN_ENDS:
+        if text in template and text in vocab and vocab[text] not in ids:
+            ids.append(vocab[text])
+    return ids
 
 
 def restore(config: Any, path: Path) -> Any:

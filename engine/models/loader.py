@@ -29,7 +29,7 @@ from engine.errors import ParamError
 from engine.models import gguf_config, packaged, packed_linear, registry
 from engine.models.decoder import DecoderForCausalLM
 
-CONVERSION = 2  # 2: configs restored by gguf_config
+CONVERSION = 3  # 2: configs restored by gguf_config; 3: a generation_config.json of its stop tokens
 __all__ = ["DEFAULT_MODEL_NAME", "ModelFiles", "resolve", "load_config", "load_tokenizer", "build_model"]
 
 
@@ -111,6 +111,9 @@ def convert_gguf(gguf: Path, out: Path) -> None:
         del config.quantization_config  # the weights we write are plain fp32
     config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    stops = gguf_config.stop_token_ids(gguf, tokenizer)
+    if stops:
+        (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}))
     save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / "model.safetensors")
     (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf)}))
     shutil.rmtree(out, ignore_errors=True)
