@@ -239,7 +239,7 @@ def _dot_precision(dtype: torch.dtype) -> str | None:
 
 def _upcast(cache: torch.Tensor) -> bool:
     """True where the kernel will run under the interpreter with a bf16 cache."""
-    return cache.dtype == torch.bfloat16 and not cache.is_cuda
+    return cache.dtype == torch.bfloat16 and cache.device.type == "cpu"
 
 
 @functools.lru_cache(maxsize=None)
@@ -263,6 +263,32 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int,
     return max(1, min(triton.cdiv(target, programs), max_context // _MIN_PARTITION, _MAX_SPLITS))
 
 
+def decode_tiles(dtype: torch.dtype, head_dim: int, device: torch.device) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) for decode. fp32 caches take "ieee" dots, which are FMA loops
+    whose tiles live in registers: past head size 64 they take a narrower KV tile over more
+    warps (head size 256: narrower still, 8 warps spilled there on sm_90).
+    kernels/triton_compile.py compiles every choice for sm_80 and sm_90 and fails on any spill.
+    The interpreter (CPU tensors) has no registers, and its time goes by loop trips: the
+    widest tile there."""
+    if device.type == "cpu":
+        return 64, 4
+    if dtype == torch.float32 and head_dim > 64:
+        return (32, 8) if head_dim <= 128 else (16, 4)
+    return 64, 4
+
+
+def prefill_tiles(dtype: torch.dtype, head_dim: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for prefill, under the same rules: 8 warps from head
+    size 128 on, a narrower KV tile for head size 256 and for fp32 caches on a GPU."""
+    if device.type == "cpu":
+        return 64, 64, 4
+    if dtype == torch.float32:
+        return (32, 32, 8) if head_dim <= 64 else (64, 16, 8)
+    if head_dim <= 64:
+        return 64, 64, 4
+    return (64, 64, 8) if head_dim <= 128 else (64, 32, 8)
+
+
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
              v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     _check_cache(k_cache, v_cache)
@@ -283,9 +309,10 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 
 def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           window: int = 0, softcap: float = 0.0, out: torch.Tensor | None = None, num_splits: int | None = None,
-                           block_n: int = 64) -> torch.Tensor:
-    """``num_splits`` forces the path (1: single pass, > 1: split-K); None lets the heuristic pick.
+                           window: int = 0, softcap: float = 0.0, out: torch.Tensor | None = None,
+                           num_splits: int | None = None, block_n: int | None = None) -> torch.Tensor:
+    """``num_splits`` forces the path (1: single pass, > 1: split-K); None lets the heuristic
+    pick. ``block_n`` overrides the KV tile decode_tiles picks.
 
     ``out``, if given, receives the result (tests pass a NaN-filled one to catch unwritten rows).
     """
@@ -293,6 +320,8 @@ def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
+    tile_n, num_warps = decode_tiles(k_cache.dtype, head_dim, k_cache.device)
+    block_n = block_n or tile_n
     if out is None:
         out = torch.empty_like(query)
     if out.shape != query.shape or out.stride(-1) != 1:
@@ -324,7 +353,7 @@ def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         HEAD_DIM=head_dim, GROUP=group, NUM_HEADS=num_heads,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         BLOCK_SIZE=block_size, SPLIT=split, DOT_PREC=_dot_precision(k_cache.dtype),
-        UPCAST=_upcast(k_cache), CAPPED=softcap > 0, num_warps=4)
+        UPCAST=_upcast(k_cache), CAPPED=softcap > 0, num_warps=num_warps)
     if split:
         _decode_reduce_kernel[(num_seqs, num_heads)](
             m_part, l_part, o_part, out, num_splits, out.stride(0), out.stride(1),
@@ -336,12 +365,15 @@ def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 def paged_attention_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                             seq_lens: torch.Tensor, scale: float, window: int = 0, softcap: float = 0.0,
-                            out: torch.Tensor | None = None, block_m: int = 64,
-                            block_n: int = 64) -> torch.Tensor:
+                            out: torch.Tensor | None = None, block_m: int | None = None,
+                            block_n: int | None = None) -> torch.Tensor:
+    """``block_m`` and ``block_n`` override the tiles prefill_tiles picks."""
     _check_cache(k_cache, v_cache)
     total_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
+    tile_m, tile_n, num_warps = prefill_tiles(k_cache.dtype, head_dim, k_cache.device)
+    block_m, block_n = block_m or tile_m, block_n or tile_n
     num_seqs = seq_lens.shape[0]
     if out is None:
         out = torch.empty_like(query)
@@ -361,5 +393,6 @@ def paged_attention_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         HEAD_DIM=head_dim, GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=block_n, BLOCK_SIZE=block_size,
-        DOT_PREC=_dot_precision(k_cache.dtype), UPCAST=_upcast(k_cache), CAPPED=softcap > 0, num_warps=4)
+        DOT_PREC=_dot_precision(k_cache.dtype), UPCAST=_upcast(k_cache), CAPPED=softcap > 0,
+        num_warps=num_warps)
     return out
