@@ -7,7 +7,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import yaml
@@ -98,6 +98,11 @@ class EngineConfig(BaseModel):
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     seed: int = 0
     attention_backend: Literal["auto", "torch", "triton", "native"] = "auto"
+    # CUDA graphs for decode steps (engine/cuda_graphs.py): captured at start for these batch
+    # sizes (None: 1, 2, 4, then multiples of 8 up to max_num_seqs, at most 256); a step of
+    # more sequences runs eagerly. enforce_eager turns them off.
+    enforce_eager: bool = False
+    cuda_graph_sizes: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(None, min_length=1, max_length=256)
     # Megatron-style tensor parallelism and layer-wise pipeline parallelism over
     # torch.distributed (gloo on the CPU, NCCL on CUDA); tp x pp processes in all.
     tensor_parallel_size: int = Field(1, ge=1, le=64)
@@ -218,9 +223,9 @@ class ResolvedConfig:
     def resolve(cls, config: EngineConfig, hf_config: Any, placement: Placement, attention_backend: AttentionBackend,
                 pending_bytes: int = 0, extra_block_bytes: int = 0) -> "ResolvedConfig":
         """Size the KV pool. On CUDA without kv_cache_memory_bytes it takes
-        gpu_memory_utilization of the memory free now, less `pending_bytes` of weights that
-        are still to be loaded on this device: call it once the weights are in, as vLLM
-        sizes its pool after the profile run. `extra_block_bytes` is what each block also
+        gpu_memory_utilization of the memory free now, less `pending_bytes` that will be
+        taken after it (weights still to be loaded on this device, the CUDA graphs' pool):
+        call it once the weights are in, as vLLM sizes its pool after the profile run. `extra_block_bytes` is what each block also
         takes elsewhere (a draft model's cache, addressed by the same block ids)."""
         from engine.models.decoder import kv_block_bytes
 

@@ -17,7 +17,7 @@ from collections import deque
 import torch
 import torch.multiprocessing as tmp
 
-from engine import parallel, spawn
+from engine import cuda_graphs, parallel, spawn
 from engine.config import EngineConfig, Placement, ResolvedConfig, measures_memory
 from engine.errors import EngineDeadError
 from engine.models import loader
@@ -219,9 +219,16 @@ def create_executor(config: EngineConfig, placement: Placement, files: loader.Mo
         model = loader.build_model(None if dummy else files, hf_config, placement.dtype, placement.device,
                                    max_positions=placement.max_positions, dummy=dummy, seed=config.seed, fused=fused,
                                    quantization=config.quantization)
-        resolved = ResolvedConfig.resolve(config, hf_config, placement, backend, extra_block_bytes=extra_block_bytes)
-        return LocalExecutor(ModelRunner(model, resolved.num_blocks, config.block_size, resolved.dtype,
-                                         resolved.device, backend, groups=resolved.kv_groups)), resolved
+        sizes = cuda_graphs.wanted(config, placement.device, backend)
+        # the graphs' pool is set aside before the KV pool takes what is free
+        reserve = cuda_graphs.pool_bytes(hf_config, sizes[-1], placement.dtype) if sizes else 0
+        resolved = ResolvedConfig.resolve(config, hf_config, placement, backend, reserve, extra_block_bytes)
+        runner = ModelRunner(model, resolved.num_blocks, config.block_size, resolved.dtype, resolved.device, backend,
+                             groups=resolved.kv_groups)
+        if sizes:
+            runner.graphs = cuda_graphs.DecodeGraphs(runner, sizes, -(-resolved.max_model_len // config.block_size))
+            runner.graphs.capture_all()
+        return LocalExecutor(runner), resolved
     ranks = config.tensor_parallel_size * config.pipeline_parallel_size
     pending = loader.weight_bytes(hf_config, placement.dtype) // ranks if measures_memory(placement.device) else 0
     resolved = ResolvedConfig.resolve(config, hf_config, placement, backend, pending, extra_block_bytes)

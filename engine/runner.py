@@ -8,6 +8,7 @@ crosses to the workers, packed into one int64 tensor.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +21,9 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.models.decoder import AttnMetadata, DecoderForCausalLM, head_dim
 from engine.scheduler import Batch
 from engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.cuda_graphs import DecodeGraphs
 
 HEADER = 8  # int64s: kind, tokens, seqs, table width, decodes, logits rows, copies, groups past the first
 STEP, NOOP, STOP = 0, 1, 2
@@ -199,11 +203,21 @@ class ModelRunner:
             for _ in range(groups.layers_per_block)
         ]
         self.kv_caches = [self.kv_slots[j] for j in groups.slot_of]
+        self.graphs: DecodeGraphs | None = None  # engine/cuda_graphs.py, set once captured
 
     @torch.inference_mode()
     def forward(self, step: StepTensors, hidden: torch.Tensor | None = None) -> torch.Tensor | None:
         """This rank's part of the pass: logits on the rank that samples, the hidden state
-        for the next stage on a pipeline's other stages, None on the other tensor ranks."""
+        for the next stage on a pipeline's other stages, None on the other tensor ranks. A
+        decode step that a captured CUDA graph holds replays it."""
+        if self.graphs is not None and hidden is None:
+            logits = self.graphs.run(step)
+            if logits is not None:
+                return logits
+        return self.eager(step, hidden)
+
+    @torch.inference_mode()
+    def eager(self, step: StepTensors, hidden: torch.Tensor | None = None) -> torch.Tensor | None:
         if not self._threads_bound:
             kernels.cpu.bind_threads(self.cores)
             self._threads_bound = True

@@ -18,6 +18,9 @@ class AttentionBackend:
     name = "torch"
     fused_ops = False  # the native build also carries fused rotary, add+RMSNorm and SiLU-mul
     pins_threads = False  # the native build pins torch's threads to cores on first use
+    # Capturable in a CUDA graph (engine/cuda_graphs.py): every shape read on the device,
+    # no host sync; the reference's store_kv asks the host whether any slot is padding.
+    graph_safe = False
 
     def load(self) -> AttentionBackend:
         """The backend that will run, ready: this one, or a fallback."""
@@ -67,6 +70,7 @@ class TorchBackend(AttentionBackend):
 
 class TritonBackend(AttentionBackend):
     name = "triton"
+    graph_safe = True
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         from kernels import triton_attention  # Triton is imported only when it runs
