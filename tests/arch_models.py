@@ -52,3 +52,15 @@ def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **ove
         if (tokenizer_dir / name).is_file():
             shutil.copy(tokenizer_dir / name, path / name)
     return path
+
+
+def word_tokenizer(out: Path, vocab_size: int) -> Path:
+    """A word-level tokenizer of ids t0..t<vocab_size - 1>, saved to `out`: for checkpoints
+    built where the embedded model's tokenizer is not (the gpu tier on a lent device)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2").save_pretrained(out)
+    return out

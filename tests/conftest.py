@@ -13,7 +13,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
-import openai
 import pytest
 import torch
 
@@ -55,13 +54,14 @@ SENTENCES = [
 ]
 
 
-TIERS = ("unit", "engine", "served")
+TIERS = ("unit", "engine", "served", "gpu")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Every test is in exactly one tier, so `pytest -m unit` (seconds: no model is built),
-    `-m engine` (builds engines in this process or its children) and `-m served` (a live
-    server or the ASGI app) together run the whole suite."""
+    """Every test is in exactly one tier, so `pytest -m unit` (no model is built), `-m
+    engine` (builds engines in this process or its children), `-m served` (a live server
+    or the ASGI app) and `-m gpu` (a CUDA device; skipped without one, scripts/gpu_check.sh
+    runs it) together run the whole suite."""
     for item in items:
         tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
         if len(tiers) != 1:
@@ -205,7 +205,9 @@ def server(bento_home, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def client(server) -> openai.OpenAI:
+def client(server):
+    import openai  # here, not at the top: the gpu tier runs where the serving clients are not installed
+
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=180)
 
 

@@ -266,6 +266,28 @@ def run_prefill(seqs: list[tuple[int, int]], num_kv_heads: int, group: int, head
         check(out, ref, dtype, f"triton {name} vs reference")
 
 
+def _sweep() -> list:
+    from kernels import triton_compile
+
+    return [c for c in triton_compile.configs() if c.path != "store_kv"]
+
+
+@pytest.mark.skipif(not NATIVE, reason="device tiles: scripts/gpu_check.sh runs this file with KERNELS_NATIVE=1")
+@pytest.mark.parametrize("cfg", _sweep(), ids=lambda c: f"{c.path}-{c.dtype}-d{c.head_dim}-g{c.group}-bs{c.block_size}")
+def test_every_compiled_configuration_runs_right_on_the_device(cfg, poison_empty: None) -> None:
+    """The launches kernels/triton_compile.py compiles for sm_80 and sm_90, with the tiles
+    the wrappers pick on a GPU, run there against float64 attention and the reference.
+    (In the interpreter the wrappers pick its own tiles, which the cases above cover.)"""
+    from kernels import triton_compile
+
+    dtype = triton_compile.DTYPES[cfg.dtype]
+    if cfg.path == "prefill":
+        run_prefill([(40, 40), (90, 9), (1, 1)], 2, cfg.group, cfg.head_dim, cfg.block_size, dtype, seed=cfg.head_dim)
+    else:
+        run_decode([1, 37, 90], 2, cfg.group, cfg.head_dim, cfg.block_size, dtype,
+                   splits=3 if cfg.path == "decode_split" else 1, seed=cfg.head_dim)
+
+
 @pytest.mark.parametrize("case", PREFILL_CASES.values(), ids=PREFILL_CASES.keys())
 def test_prefill(case: tuple, poison_empty: None) -> None:
     run_prefill(*case, seed=3)

@@ -1,0 +1,133 @@
+#!/usr/bin/env python
+"""Offline throughput and batch-1 decode on a CUDA device, at a realistic shape with random
+weights (scripts/model_shapes.py; `load_format="dummy"`), all in one run on one device:
+
+- ours in bf16 with CUDA graphs, and with `enforce_eager`;
+- transformers' batched `generate` on the same shape and dtype (random weights too);
+- the batch-1 decode step against its floor: the weights' bytes over the device's measured
+  copy bandwidth (a decode step reads every weight once).
+
+    python scripts/bench_gpu.py [--shape qwen3-1.7b] [--requests 64] [--out results.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the engine, when run as a script
+
+import model_shapes  # noqa: E402  (scripts/ is on sys.path when run as a script)
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a large device-to-device copy, read and written both counted."""
+    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda")  # 1 GiB
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    return 10 * 2 * src.numel() * 4 / (start.elapsed_time(end) / 1e3)
+
+
+def _timed(fn) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def ours(path: Path, prompts: list[list[int]], out_len: int, eager: bool) -> dict[str, float]:
+    from engine import LLM, SamplingParams
+
+    llm = LLM(str(path), load_format="dummy", dtype="bfloat16", device="cuda", attention_backend="triton",
+              max_model_len=2048, max_num_seqs=max(64, len(prompts)), gpu_memory_utilization=0.8,
+              enforce_eager=eager, enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
+    one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
+    batch = _timed(lambda: llm.generate(prompts, params, use_tqdm=False))
+    first = _timed(lambda: llm.generate(prompts[:1], one, use_tqdm=False))
+    single = _timed(lambda: llm.generate(prompts[:1], params, use_tqdm=False))
+    llm = None  # let its weights and cache go before the next engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"tok/s": len(prompts) * out_len / batch, "step ms": (single - first) / (out_len - 1) * 1e3}
+
+
+def transformers_generate(path: Path, prompts: list[list[int]], out_len: int) -> dict[str, float]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    ids = torch.tensor(prompts, device="cuda")
+
+    def gen(x: torch.Tensor, n: int) -> None:
+        with torch.no_grad():
+            model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=0)
+
+    gen(ids[:2], 4)
+    batch = _timed(lambda: gen(ids, out_len))
+    first = _timed(lambda: gen(ids[:1], 1))
+    single = _timed(lambda: gen(ids[:1], out_len))
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    model = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"tok/s": len(prompts) * out_len / batch, "step ms": (single - first) / (out_len - 1) * 1e3,
+            "weights": weights}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="qwen3-1.7b", choices=sorted(model_shapes.SHAPES))
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device")
+        return 0
+    path = model_shapes.write(args.shape, Path(tempfile.mkdtemp()) / args.shape)
+    gen = torch.Generator().manual_seed(0)
+    vocab = model_shapes.SHAPES[args.shape]["vocab_size"]
+    prompts = torch.randint(3, vocab, (args.requests, args.input_len), generator=gen).tolist()
+    bw = copy_bandwidth()
+    rows = {"ours, CUDA graphs": ours(path, prompts, args.output_len, eager=False),
+            "ours, enforce_eager": ours(path, prompts, args.output_len, eager=True),
+            "transformers generate": transformers_generate(path, prompts, args.output_len)}
+    floor_ms = rows["transformers generate"]["weights"] / bw * 1e3
+    lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.shape} random weights, bf16; "
+             f"{args.requests} requests x {args.input_len} prompt + {args.output_len} output tokens; copy bandwidth "
+             f"{bw / 1e12:.2f} TB/s, so a batch-1 step's floor (weights / bandwidth) is {floor_ms:.2f} ms", "",
+             "| engine | throughput (output tok/s) | batch-1 decode step (ms) | floor / step |", "|---|---|---|---|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['tok/s']:.0f} | {r['step ms']:.2f} | {floor_ms / r['step ms']:.0%} |")
+    base = rows["transformers generate"]["tok/s"]
+    lines += ["", f"throughput vs transformers: graphs {rows['ours, CUDA graphs']['tok/s'] / base:.2f}x, eager "
+              f"{rows['ours, enforce_eager']['tok/s'] / base:.2f}x; batch-1 step, eager / graphs: "
+              f"{rows['ours, enforce_eager']['step ms'] / rows['ours, CUDA graphs']['step ms']:.2f}x"]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
