@@ -225,8 +225,9 @@ class ResolvedConfig:
         """Size the KV pool. On CUDA without kv_cache_memory_bytes it takes
         gpu_memory_utilization of the memory free now, less `pending_bytes` that will be
         taken after it (weights still to be loaded on this device, the CUDA graphs' pool):
-        call it once the weights are in, as vLLM sizes its pool after the profile run. `extra_block_bytes` is what each block also
-        takes elsewhere (a draft model's cache, addressed by the same block ids)."""
+        call it once the weights are in, as vLLM sizes its pool after the profile run.
+        `extra_block_bytes` is what each block also takes elsewhere (a draft model's cache,
+        addressed by the same block ids)."""
         from engine.models.decoder import kv_block_bytes
 
         device, dtype, positions = placement.device, placement.dtype, placement.max_positions

@@ -92,6 +92,10 @@ def eager_capture(fn: Callable[[], torch.Tensor], pool: Any) -> Replay:
 
 
 class DecodeGraphs:
+    """One runner's decode graphs and the buffers they read. The buffers are as wide as the
+    largest size and as long as max_model_len's block table, so any decode step that fits
+    reuses a graph whatever its sequences' lengths."""
+
     def __init__(self, runner: ModelRunner, sizes: list[int], max_blocks: int,
                  capture: Capture = cuda_capture) -> None:
         self.runner, self.sizes, self.width = runner, sorted(set(sizes)), max_blocks
