@@ -52,16 +52,15 @@ def _timed(fn) -> float:
 def ours(path: Path, prompts: list[list[int]], out_len: int, eager: bool) -> dict[str, float]:
     from engine import LLM, SamplingParams
 
-    llm = LLM(str(path), load_format="dummy", dtype="bfloat16", device="cuda", attention_backend="triton",
-              max_model_len=2048, max_num_seqs=max(64, len(prompts)), gpu_memory_utilization=0.8,
-              enforce_eager=eager, enable_prefix_caching=False)
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
     one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
-    batch = _timed(lambda: llm.generate(prompts, params, use_tqdm=False))
-    first = _timed(lambda: llm.generate(prompts[:1], one, use_tqdm=False))
-    single = _timed(lambda: llm.generate(prompts[:1], params, use_tqdm=False))
-    llm = None  # let its weights and cache go before the next engine
+    with LLM(str(path), load_format="dummy", dtype="bfloat16", device="cuda", attention_backend="triton",
+             max_model_len=2048, max_num_seqs=max(64, len(prompts)), gpu_memory_utilization=0.6,
+             enforce_eager=eager, enable_prefix_caching=False) as llm:
+        llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
+        batch = _timed(lambda: llm.generate(prompts, params, use_tqdm=False))
+        first = _timed(lambda: llm.generate(prompts[:1], one, use_tqdm=False))
+        single = _timed(lambda: llm.generate(prompts[:1], params, use_tqdm=False))
     gc.collect()
     torch.cuda.empty_cache()
     return {"tok/s": len(prompts) * out_len / batch, "step ms": (single - first) / (out_len - 1) * 1e3}

@@ -33,6 +33,12 @@ ARCHS: dict[str, dict] = {
     "olmo2": dict(tie_word_embeddings=False),
     "granite": dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.05,
                     logits_scaling=8.0, attention_bias=True),
+    # Mixtures of experts: 4 experts, top 2; a dense layer among Qwen3-MoE's; Qwen2-MoE's shared expert.
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW, tie_word_embeddings=False),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True,
+                      decoder_sparse_step=1, mlp_only_layers=[1], tie_word_embeddings=True),
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=False,
+                      shared_expert_intermediate_size=96, tie_word_embeddings=False),
 }
 
 
@@ -47,6 +53,10 @@ def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **ove
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.3)
+            if name.endswith("mlp.gate.weight"):  # a decisive router: top-k is no near tie
+                p.mul_(8.0)
+            if ".experts." in name:  # experts that move the output: a routing or weighting slip shows
+                p.mul_(6.0)
     model.save_pretrained(path)
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():

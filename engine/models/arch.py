@@ -9,6 +9,37 @@ from typing import Literal
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """A mixture-of-experts MLP: `experts` gated MLPs of intermediate size `inter`, each
+    token routed to `top_k` of them by a softmax router."""
+
+    experts: int
+    top_k: int
+    inter: int
+    norm_topk: bool  # renormalise the top-k probabilities to sum to 1 (Mixtral; Qwen's norm_topk_prob)
+    layers: frozenset[int]  # the layers whose MLP this is; the others keep the dense MLP
+    shared_inter: int = 0  # Qwen2-MoE's shared expert, gated by a sigmoid, on every token
+    weights_in_dtype: bool = True  # routing weights rounded to the activation dtype (Qwen) or fp32 (Mixtral)
+
+
+def moe_spec(config, experts: int, top_k: int, inter: int, norm_topk: bool, shared_inter: int = 0,
+             weights_in_dtype: bool = True) -> MoESpec:
+    """The config's experts, checked: a bad count is a ParamError naming its key. The expert
+    layers follow Qwen's `decoder_sparse_step` and `mlp_only_layers` (every layer where a
+    config has neither)."""
+    from engine.errors import ParamError
+
+    if experts < 1:
+        raise ParamError("model", f"a mixture-of-experts config needs at least one expert; it has {experts}")
+    if not 1 <= top_k <= experts:
+        raise ParamError("model", f"num_experts_per_tok ({top_k}) must be between 1 and the expert count ({experts})")
+    step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+    dense = set(getattr(config, "mlp_only_layers", None) or ())
+    layers = frozenset(i for i in range(config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
+    return MoESpec(experts, top_k, inter, norm_topk, layers, shared_inter, weights_in_dtype)
+
+
+@dataclass(frozen=True)
 class ArchSpec:
     qkv_bias: bool = False
     o_bias: bool = False
@@ -30,11 +61,12 @@ class ArchSpec:
     logit_divisor: float = 1.0  # Granite's logits_scaling
     windows: tuple[int, ...] = ()  # per layer; 0 is full attention
     tp_ok: bool = True  # whether tensor parallelism can split its layers (checked by engine.config)
+    moe: MoESpec | None = None
 
     @property
     def plain(self) -> bool:
         """Llama's layer shape, the one the native fused layer runs."""
-        return self.norms == "pre" and self.qk_norm != "all"
+        return self.norms == "pre" and self.qk_norm != "all" and self.moe is None
 
 
 def layer_windows(config, all_layers: bool = False) -> tuple[int, ...]:

@@ -23,6 +23,7 @@ from engine.models.arch import ArchSpec
 from engine.models.layers import rotary
 from engine.models.layers.attention import Attention, AttnMetadata
 from engine.models.layers.mlp import MLP
+from engine.models.layers.moe import SparseMoE
 from engine.models.layers.norm import RMSNorm
 from kernels import cpu as cpu_kernels
 
@@ -80,7 +81,10 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.spec = spec
         self.self_attn = Attention(config, spec, layer, heads, tp)
-        self.mlp = MLP(config.hidden_size, config.intermediate_size, spec.act, spec.mlp_bias, tp)
+        if spec.moe is not None and layer in spec.moe.layers:
+            self.mlp: MLP | SparseMoE = SparseMoE(config.hidden_size, spec.moe, spec.act, tp)
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size, spec.act, spec.mlp_bias, tp)
         norm = lambda: RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset, spec.late_cast)  # noqa: E731
         if spec.norms != "post":
             self.input_layernorm = norm()
@@ -235,6 +239,8 @@ class DecoderForCausalLM(nn.Module):
         """Prepack every GEMM weight for oneDNN or the native GEMM (CPU only; after loading,
         never before); where packed_linear.glu_available, each silu gate/up with its activation."""
         for layer in self.layers:
+            if not isinstance(layer.mlp, MLP):
+                continue  # the experts are 3-D parameters, run as they are
             gate_up = layer.mlp.gate_up_proj
             if layer.mlp.act_name == "silu" and packed_linear.glu_available(gate_up.weight.dtype):
                 layer.mlp.gate_up_proj = packed_linear.PackedLinear(gate_up.weight, gate_up.bias, glu=True)

@@ -219,7 +219,10 @@ def build_model(
                     p.normal_(0.0, getattr(config, "initializer_range", 0.02))
     else:
         assert files is not None
-        model.load_weights(iter_weights(files))
+        try:
+            model.load_weights(iter_weights(files))
+        except ValueError as exc:  # a tensor missing, extra or misshapen: the checkpoint's fault
+            raise ParamError("model", f"{files.source}: {exc}") from None
     model = model.to(dtype=dtype).eval()
     if quantization is not None:
         from engine.models import quantize

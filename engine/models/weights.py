@@ -42,12 +42,16 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]]) -> No
         if parts[0] in ("embed_tokens", "lm_head", "norm") and name not in params:
             continue  # held by another pipeline stage
         module, leaf = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", parts[-1])
+        if len(parts) >= 5 and parts[-4] == "experts":
+            loaded.add(_load_expert(model, params, parts, src))
+            continue
+        owner = model.get_submodule(".".join(parts[:-2])) if len(parts) > 2 else model
         if module in PREFUSED:
             name = ".".join(parts)
             param = params[name]
             for shard, (base, piece) in enumerate(_prefused_pieces(model, module)):
-                start, size = _fused_range(model, module, shard)
-                lo, hi = _rows_range(model, piece)
+                start, size = _fused_range(owner, module, shard)
+                lo, hi = _rows_range(model, owner, piece)
                 _copy(param[start:start + size], src[base + lo:base + hi], name)
                 loaded.add(f"{name}#{shard}")
             continue
@@ -55,16 +59,16 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]]) -> No
             target, shard = FUSED[module]
             name = ".".join(parts[:-2] + [target, leaf])
             param = params[name]
-            start, size = _fused_range(model, target, shard)
-            tensor = _rows(model, module, src)
-            _copy(param[start:start + size], tensor, name)
+            start, size = _fused_range(owner, target, shard)
+            lo, hi = _rows_range(model, owner, module)
+            _copy(param[start:start + size], src[lo:hi], name)
             loaded.add(f"{name}#{shard}")
             continue
         if name not in params:
             raise ValueError(f"unexpected weight {name!r} in checkpoint")
         param = params[name]
         if module in ("o_proj", "down_proj"):
-            tensor = _cols(model, module, src) if leaf == "weight" else _bias(model, src)
+            tensor = _cols(model, owner, module, src) if leaf == "weight" else _bias(model, src)
         elif module in ("embed_tokens", "lm_head"):
             tensor = _vocab_rows(model, src, param.shape[0])
         else:
@@ -89,14 +93,10 @@ def _head_rows(model: DecoderForCausalLM, module: str) -> tuple[int, int]:
     return heads.kv_lo * d, heads.kv_hi * d
 
 
-def _rows_range(model: DecoderForCausalLM, module: str) -> tuple[int, int]:
-    return _head_rows(model, module) if module in ("q_proj", "k_proj", "v_proj") else model.layers[0].mlp.inter_range
-
-
-def _rows(model: DecoderForCausalLM, module: str, src) -> torch.Tensor:
-    """Column-parallel: this rank's output rows (and the matching bias entries)."""
-    lo, hi = _rows_range(model, module)
-    return src[lo:hi]
+def _rows_range(model: DecoderForCausalLM, owner, module: str) -> tuple[int, int]:
+    """Column-parallel: this rank's output rows of a projection (and its bias entries);
+    an MLP's by its own intermediate size (a MoE model's dense and shared-expert MLPs differ)."""
+    return _head_rows(model, module) if module in ("q_proj", "k_proj", "v_proj") else owner.inter_range
 
 
 def _prefused_pieces(model: DecoderForCausalLM, module: str) -> list[tuple[int, str]]:
@@ -109,10 +109,27 @@ def _prefused_pieces(model: DecoderForCausalLM, module: str) -> list[tuple[int, 
     return [(0, "gate_proj"), (config.intermediate_size, "up_proj")]
 
 
-def _cols(model: DecoderForCausalLM, module: str, src) -> torch.Tensor:
+def _cols(model: DecoderForCausalLM, owner, module: str, src) -> torch.Tensor:
     """Row-parallel: this rank's input columns."""
-    lo, hi = _head_rows(model, "q_proj") if module == "o_proj" else model.layers[0].mlp.inter_range
+    lo, hi = _head_rows(model, "q_proj") if module == "o_proj" else owner.inter_range
     return src[:, lo:hi]
+
+
+def _load_expert(model: DecoderForCausalLM, params: dict[str, torch.Tensor], parts: list[str], src) -> str:
+    """One expert's gate, up or down projection into the expert layer's stacked parameters
+    (this rank's slice of its intermediate size); the key it counts as loaded."""
+    moe = model.get_submodule(".".join(parts[:-4]))
+    expert, module, prefix = int(parts[-3]), parts[-2], ".".join(parts[:-4])
+    if module not in ("gate_proj", "up_proj", "down_proj") or parts[-1] != "weight" or expert >= moe.spec.experts:
+        raise ValueError(f"unexpected weight {'.'.join(parts)!r} in checkpoint")
+    lo, hi = moe.inter_range
+    if module == "down_proj":
+        _copy(moe.experts_down[expert], src[:, lo:hi], f"{prefix}.experts_down")
+        return f"{prefix}.experts_down#{expert}"
+    shard = 0 if module == "gate_proj" else 1
+    _copy(moe.experts_gate_up[expert, shard * moe.inter:(shard + 1) * moe.inter], src[lo:hi],
+          f"{prefix}.experts_gate_up")
+    return f"{prefix}.experts_gate_up#{expert}.{shard}"
 
 
 def _bias(model: DecoderForCausalLM, src) -> torch.Tensor:
@@ -128,12 +145,11 @@ def _vocab_rows(model: DecoderForCausalLM, src, shard: int) -> torch.Tensor:
     return rows
 
 
-def _fused_range(model: DecoderForCausalLM, target: str, shard: int) -> tuple[int, int]:
+def _fused_range(owner, target: str, shard: int) -> tuple[int, int]:
     if target == "qkv_proj":
-        attn = model.layers[0].self_attn
-        sizes = [attn.q_size, attn.kv_size, attn.kv_size]
+        sizes = [owner.q_size, owner.kv_size, owner.kv_size]
     else:
-        sizes = [model.layers[0].mlp.inter] * 2
+        sizes = [owner.inter] * 2
     return sum(sizes[:shard]), sizes[shard]
 
 
@@ -145,6 +161,10 @@ def _check_complete(params: dict[str, torch.Tensor], loaded: set[str]) -> None:
             expected |= {f"{name}#{i}" for i in range(3)}
         elif leaf == "gate_up_proj":
             expected |= {f"{name}#{i}" for i in range(2)}
+        elif name.endswith(".experts_gate_up"):
+            expected |= {f"{name}#{e}.{i}" for e in range(params[name].shape[0]) for i in range(2)}
+        elif name.endswith(".experts_down"):
+            expected |= {f"{name}#{e}" for e in range(params[name].shape[0])}
         else:
             expected.add(name)
     missing = sorted(expected - loaded)

@@ -1,0 +1,69 @@
+"""The mixture-of-experts MLP: a softmax router picks each token's top-k experts, and each
+expert runs once over the tokens routed to it, so a step reads the weights of the experts
+its tokens chose and no others (at batch 1, k experts a layer).
+
+The arithmetic follows transformers' expert loop operation for operation, so fp32 greedy
+output matches it: probabilities in fp32, top-k, optional renormalisation, the weights
+rounded to the activation dtype where the architecture does so; experts in ascending
+order, each over its tokens in (choice, token) order, its weighted output added into
+the result with index_add. Under tensor parallelism every rank holds every expert's
+slice of the intermediate size (as the dense MLP splits it) and the partial sums are
+all-reduced once: routing needs no communication, and no rank idles when the tokens
+crowd onto a few experts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import parallel
+from engine.models.arch import MoESpec
+from engine.models.layers.mlp import ACTIVATIONS, MLP
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, hidden: int, spec: MoESpec, act: str, tp: parallel.Group) -> None:
+        super().__init__()
+        self.spec, self.tp = spec, tp
+        self.act = ACTIVATIONS[act]
+        self.inter_range = parallel.split(spec.inter, tp.size, tp.rank)
+        self.inter = self.inter_range[1] - self.inter_range[0]
+        self.gate = nn.Linear(hidden, spec.experts, bias=False)  # the router
+        self.experts_gate_up = nn.Parameter(torch.empty(spec.experts, 2 * self.inter, hidden))
+        self.experts_down = nn.Parameter(torch.empty(spec.experts, hidden, self.inter))
+        if spec.shared_inter:
+            self.shared_expert = MLP(hidden, spec.shared_inter, act, False, tp)
+            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's top-k experts [n, k] and their weights [n, k]."""
+        probs = F.softmax(self.gate(x).float(), dim=-1)
+        weights, experts = torch.topk(probs, self.spec.top_k, dim=-1)
+        if self.spec.norm_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return experts, (weights.to(x.dtype) if self.spec.weights_in_dtype else weights)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        experts, weights = self.route(x)
+        n, k = experts.shape
+        out = torch.zeros_like(x)
+        # (choice, token) order, grouped by expert with a stable sort: transformers' order
+        flat = experts.t().reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.spec.experts).tolist()
+        start = 0
+        for e, count in enumerate(counts):
+            if not count:
+                continue
+            picked = order[start:start + count]
+            start += count
+            tokens, choice = picked % n, picked // n
+            gate, up = F.linear(x[tokens], self.experts_gate_up[e]).chunk(2, dim=-1)
+            y = F.linear(self.act(gate) * up, self.experts_down[e]) * weights[tokens, choice, None]
+            out.index_add_(0, tokens, y.to(out.dtype))
+        out = self.tp.all_reduce(out)
+        if self.spec.shared_inter:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out

@@ -1,0 +1,104 @@
+"""The expert layer (engine/models/layers/moe.py) on the routings that break naive
+implementations, against a per-token reference: tied router scores, experts no token
+chose, every token on one expert; and the configs and checkpoints it refuses by name.
+Greedy equality with transformers for Mixtral, Qwen2-MoE and Qwen3-MoE is in
+tests/test_architectures.py, with the other architectures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import parallel
+from engine.errors import ParamError
+from engine.models.arch import MoESpec
+from engine.models.layers.moe import SparseMoE
+
+
+def _layer(experts: int = 4, top_k: int = 2, norm: bool = True, shared: int = 0) -> SparseMoE:
+    torch.manual_seed(0)
+    spec = MoESpec(experts, top_k, inter=24, norm_topk=norm, layers=frozenset({0}), shared_inter=shared)
+    moe = SparseMoE(16, spec, "silu", parallel.single().tp)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0.0, 0.3)
+    return moe
+
+
+def _per_token(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
+    """Each token on its own: its experts' outputs, weighted, summed."""
+    experts, weights = moe.route(x)
+    rows = []
+    for t in range(x.shape[0]):
+        acc = torch.zeros(x.shape[1])
+        for e, w in zip(experts[t].tolist(), weights[t]):
+            gate, up = (moe.experts_gate_up[e] @ x[t]).chunk(2)
+            acc += w * (moe.experts_down[e] @ (torch.nn.functional.silu(gate) * up))
+        rows.append(acc)
+    out = torch.stack(rows)
+    if moe.spec.shared_inter:
+        out = out + torch.sigmoid(moe.shared_expert_gate(x)) * moe.shared_expert(x)
+    return out
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("shared", [0, 20])
+def test_the_expert_layer_equals_a_per_token_reference(shared):
+    moe = _layer(shared=shared)
+    x = torch.randn(37, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(moe(x), _per_token(moe, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.unit
+def test_tied_scores_unused_experts_and_one_expert_for_every_token():
+    moe = _layer(experts=6, top_k=2)
+    x = torch.randn(9, 16)
+    with torch.no_grad():
+        moe.gate.weight.zero_()  # every score tied: the choice is topk's, the same on both sides
+        experts, weights = moe.route(x)
+        assert torch.allclose(weights, torch.full_like(weights, 0.5))
+        assert len(set(experts.flatten().tolist())) < 6  # some experts got no token
+        torch.testing.assert_close(moe(x), _per_token(moe, x), rtol=1e-5, atol=1e-5)
+
+        one = _layer(experts=4, top_k=1, norm=False)
+        one.gate.weight.zero_()
+        one.gate.weight[2] = 0.2  # expert 2 outscores the rest for these (positive) tokens
+        xs = x.abs()
+        experts, weights = one.route(xs)
+        assert experts.flatten().tolist() == [2] * 9 and bool((weights < 1).all())  # not renormalised
+        torch.testing.assert_close(one(xs), _per_token(one, xs), rtol=1e-5, atol=1e-5)
+        assert one(xs[:0]).shape == (0, 16)  # an empty step
+
+
+@pytest.mark.unit
+def test_bad_expert_configs_are_refused_by_name():
+    from transformers import AutoConfig
+
+    from engine.models import registry
+
+    for model_type, kw, word in (("mixtral", dict(num_local_experts=2, num_experts_per_tok=3), "num_experts_per_tok"),
+                                 ("qwen3_moe", dict(num_experts=0, num_experts_per_tok=1), "expert")):
+        config = AutoConfig.for_model(model_type, num_hidden_layers=2, **kw)
+        with pytest.raises(ParamError) as e:
+            registry.model_class(config).spec(config)
+        assert e.value.param == "model" and word in str(e.value)
+
+
+@pytest.mark.engine
+def test_a_checkpoint_missing_an_expert_or_asking_for_quantization_is_refused(tmp_path, default_model_dir):
+    from safetensors.torch import load_file, save_file
+
+    from engine import LLM
+    from tests import arch_models
+
+    path = arch_models.build("qwen3_moe", tmp_path / "m", default_model_dir)
+    with pytest.raises(ParamError) as e:
+        LLM(str(path), dtype="float32", max_model_len=64, quantization="int8")
+    assert e.value.param == "quantization" and "qwen3_moe" in str(e.value)
+    weights = load_file(path / "model.safetensors")
+    del weights["model.layers.0.mlp.experts.3.up_proj.weight"]
+    save_file(weights, path / "model.safetensors")
+    with pytest.raises(ParamError) as e:
+        LLM(str(path), dtype="float32", max_model_len=64)
+    assert e.value.param == "model" and "layers.0.mlp.experts_gate_up" in str(e.value)
