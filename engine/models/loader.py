@@ -236,11 +236,19 @@ def build_model(
 
 
 def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int:
-    """The bytes a Llama-family model's weights take in `dtype`, from its config alone:
-    what a rank still to load will take of its device, before any of it exists."""
+    """The bytes a model's weights take in `dtype`, from its config alone: what a rank
+    still to load will take of its device, before any of it exists. An expert layer holds
+    every expert (and its router and shared expert) in place of the dense MLP."""
     h, v, inter = config.hidden_size, config.vocab_size, config.intermediate_size
     hd = getattr(config, "head_dim", None) or h // config.num_attention_heads
     q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
-    layer = h * q + 2 * h * kv + q * h + 3 * h * inter + 2 * h
+    attn = h * q + 2 * h * kv + q * h + 2 * h
+    moe = registry.model_class(config).spec(config).moe
+    layers = config.num_hidden_layers * (attn + 3 * h * inter)
+    if moe is not None:
+        sparse = moe.experts * (3 * h * moe.inter + h)  # the experts and the router
+        if moe.shared_inter:
+            sparse += 3 * h * moe.shared_inter + h  # the shared expert and its gate
+        layers += len(moe.layers) * (sparse - 3 * h * inter)
     embeds = v * h * (1 if getattr(config, "tie_word_embeddings", False) else 2)
-    return (embeds + config.num_hidden_layers * layer + h) * torch.empty((), dtype=dtype).element_size()
+    return (embeds + layers + h) * torch.empty((), dtype=dtype).element_size()
