@@ -102,3 +102,28 @@ def test_a_checkpoint_missing_an_expert_or_asking_for_quantization_is_refused(tm
     with pytest.raises(ParamError) as e:
         LLM(str(path), dtype="float32", max_model_len=64)
     assert e.value.param == "model" and "layers.0.mlp.experts_gate_up" in str(e.value)
+
+
+@pytest.mark.unit
+def test_one_token_reads_only_its_top_k_experts():
+    """At batch 1 a step multiplies by k experts' weights a layer and by no other expert:
+    what makes a 30B-A3B model decode at the cost of a 3B one."""
+    import torch.nn.functional as F
+
+    moe = _layer(experts=8, top_k=2)
+    x = torch.randn(1, 16)
+    expert_ptrs = {moe.experts_gate_up[e].data_ptr(): e for e in range(8)} | \
+                  {moe.experts_down[e].data_ptr(): e for e in range(8)}
+    touched: list[int] = []
+    real = F.linear
+
+    def spy(inp, weight, bias=None):
+        if weight.data_ptr() in expert_ptrs:
+            touched.append(expert_ptrs[weight.data_ptr()])
+        return real(inp, weight, bias)
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(F, "linear", spy)
+        moe(x)
+        chosen, _ = moe.route(x)
+    assert sorted(touched) == sorted(chosen[0].tolist() * 2)  # gate/up and down of each chosen expert
