@@ -17,25 +17,31 @@ SHAPES: dict[str, dict] = {
                        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
     "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    # A small Qwen3-MoE (Qwen3-30B-A3B's layer, narrower): 1.2B parameters, 0.5B active per token.
+    "qwen3-moe-1.2b": dict(model_type="qwen3_moe", hidden_size=1024, intermediate_size=3072, num_hidden_layers=16,
+                           num_attention_heads=16, num_key_value_heads=4, head_dim=128, vocab_size=151936,
+                           tie_word_embeddings=False, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=512,
+                           norm_topk_prob=True),
 }
 
 
 def write(shape: str, out: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config
+    from transformers import AutoConfig, PreTrainedTokenizerFast
 
     out.mkdir(parents=True, exist_ok=True)
-    sizes = SHAPES[shape]
-    config = Qwen3Config(**sizes, max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                         bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
-    config.architectures = ["Qwen3ForCausalLM"]
+    sizes = dict(SHAPES[shape])
+    model_type = sizes.pop("model_type", "qwen3")
+    config = AutoConfig.for_model(model_type, **sizes, max_position_embeddings=40960, rope_theta=1000000.0,
+                                  rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+    config.architectures = [{"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[model_type]]
     config.save_pretrained(out)
     vocab = {f"t{i}": i for i in range(sizes["vocab_size"])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2")
     fast.save_pretrained(out)
-    (out / "shape.json").write_text(json.dumps({"shape": shape, **sizes}))
+    (out / "shape.json").write_text(json.dumps({"shape": shape, **SHAPES[shape]}))
     return out
 
 

@@ -44,10 +44,18 @@ def _per_token(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.unit
 @pytest.mark.parametrize("shared", [0, 20])
 def test_the_expert_layer_equals_a_per_token_reference(shared):
+    """Also with each expert's GEMMs prepacked, as the CPU engine runs them."""
+    import copy
+
     moe = _layer(shared=shared)
     x = torch.randn(37, 16)
     with torch.no_grad():
-        torch.testing.assert_close(moe(x), _per_token(moe, x), rtol=1e-5, atol=1e-5)
+        want = _per_token(moe, x)
+        torch.testing.assert_close(moe(x), want, rtol=1e-5, atol=1e-5)
+        packed = copy.deepcopy(moe)
+        packed.pack()
+        assert packed.experts_gate_up is None and len(packed.packed) == 4
+        torch.testing.assert_close(packed(x), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.unit

@@ -239,8 +239,9 @@ class DecoderForCausalLM(nn.Module):
         """Prepack every GEMM weight for oneDNN or the native GEMM (CPU only; after loading,
         never before); where packed_linear.glu_available, each silu gate/up with its activation."""
         for layer in self.layers:
-            if not isinstance(layer.mlp, MLP):
-                continue  # the experts are 3-D parameters, run as they are
+            if isinstance(layer.mlp, SparseMoE):
+                layer.mlp.pack()  # each expert's GEMMs; its router and shared expert pack below
+                continue
             gate_up = layer.mlp.gate_up_proj
             if layer.mlp.act_name == "silu" and packed_linear.glu_available(gate_up.weight.dtype):
                 layer.mlp.gate_up_proj = packed_linear.PackedLinear(gate_up.weight, gate_up.bias, glu=True)

@@ -14,6 +14,8 @@ crowd onto a few experts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,6 +38,18 @@ class SparseMoE(nn.Module):
         if spec.shared_inter:
             self.shared_expert = MLP(hidden, spec.shared_inter, act, False, tp)
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+        # each expert's two projections as prepacked GEMMs, once packed (CPU: engine/models/packed_linear.py)
+        self.packed: list[tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = []
+
+    def pack(self) -> None:
+        """Prepack every expert's weights for oneDNN or the native GEMM, as the dense
+        layers are (a small expert GEMM gains most from it), and drop the 3-D originals."""
+        from engine.models.packed_linear import PackedLinear
+
+        self.packed = [(PackedLinear(self.experts_gate_up[e], None).forward,
+                        PackedLinear(self.experts_down[e], None).forward) for e in range(self.spec.experts)]
+        self.experts_gate_up = None
+        self.experts_down = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's top-k experts [n, k] and their weights [n, k]."""
@@ -60,8 +74,14 @@ class SparseMoE(nn.Module):
             picked = order[start:start + count]
             start += count
             tokens, choice = picked % n, picked // n
-            gate, up = F.linear(x[tokens], self.experts_gate_up[e]).chunk(2, dim=-1)
-            y = F.linear(self.act(gate) * up, self.experts_down[e]) * weights[tokens, choice, None]
+            if self.packed:
+                gate_up, down = self.packed[e]
+                gate, up = gate_up(x[tokens]).chunk(2, dim=-1)
+                y = down(self.act(gate) * up)
+            else:
+                gate, up = F.linear(x[tokens], self.experts_gate_up[e]).chunk(2, dim=-1)
+                y = F.linear(self.act(gate) * up, self.experts_down[e])
+            y = y * weights[tokens, choice, None]
             out.index_add_(0, tokens, y.to(out.dtype))
         out = self.tp.all_reduce(out)
         if self.spec.shared_inter:
