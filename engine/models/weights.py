@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.models.layers.moe import SparseMoE
+
 if TYPE_CHECKING:
     from engine.models.decoder import DecoderForCausalLM
 
@@ -45,7 +47,7 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]]) -> No
         if len(parts) >= 5 and parts[-4] == "experts":
             loaded.add(_load_expert(model, params, parts, src))
             continue
-        owner = model.get_submodule(".".join(parts[:-2])) if len(parts) > 2 else model
+        owner = _owner(model, parts, name)
         if module in PREFUSED:
             name = ".".join(parts)
             param = params[name]
@@ -76,6 +78,17 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]]) -> No
         _copy(param, tensor, name)
         loaded.add(name)
     _check_complete(params, loaded)
+
+
+def _owner(model: DecoderForCausalLM, parts: list[str], name: str):
+    """The module holding a `<path>.<module>.<leaf>` tensor's projection: its slices follow
+    that module's sizes. A path the model does not have is the checkpoint's error."""
+    if len(parts) <= 2:
+        return model
+    try:
+        return model.get_submodule(".".join(parts[:-2]))
+    except AttributeError:
+        raise ValueError(f"unexpected weight {name!r} in checkpoint") from None
 
 
 def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
@@ -118,11 +131,12 @@ def _cols(model: DecoderForCausalLM, owner, module: str, src) -> torch.Tensor:
 def _load_expert(model: DecoderForCausalLM, params: dict[str, torch.Tensor], parts: list[str], src) -> str:
     """One expert's gate, up or down projection into the expert layer's stacked parameters
     (this rank's slice of its intermediate size); the key it counts as loaded."""
-    moe = model.get_submodule(".".join(parts[:-4]))
-    expert, module, prefix = int(parts[-3]), parts[-2], ".".join(parts[:-4])
-    if module not in ("gate_proj", "up_proj", "down_proj") or parts[-1] != "weight" or expert >= moe.spec.experts:
+    moe = _owner(model, parts[:-2], ".".join(parts))
+    expert, module, prefix = parts[-3], parts[-2], ".".join(parts[:-4])
+    if (not isinstance(moe, SparseMoE) or module not in ("gate_proj", "up_proj", "down_proj")
+            or parts[-1] != "weight" or not expert.isdigit() or int(expert) >= moe.spec.experts):
         raise ValueError(f"unexpected weight {'.'.join(parts)!r} in checkpoint")
-    lo, hi = moe.inter_range
+    expert, (lo, hi) = int(expert), moe.inter_range
     if module == "down_proj":
         _copy(moe.experts_down[expert], src[:, lo:hi], f"{prefix}.experts_down")
         return f"{prefix}.experts_down#{expert}"
