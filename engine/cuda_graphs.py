@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.models.decoder import head_dim, num_kv_heads
 from engine.runner import StepTensors
 
 if TYPE_CHECKING:
@@ -56,19 +57,18 @@ def pool_bytes(hf_config: Any, max_size: int, dtype: torch.dtype) -> int:
     fp32 logits included, with room for the attention's split-K partials; the estimate
     the KV pool is sized around (start-up logs the measured figure beside it)."""
     width = torch.finfo(dtype).bits // 8
-    heads = hf_config.num_attention_heads
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    kv = getattr(hf_config, "num_key_value_heads", heads)
+    heads, kv, d = hf_config.num_attention_heads, num_kv_heads(hf_config), head_dim(hf_config)
     per_row = (hf_config.vocab_size * 4 + 8 * hf_config.hidden_size * width
-               + 3 * hf_config.intermediate_size * width + 2 * (heads + 2 * kv) * head_dim * width
-               + heads * 64 * (head_dim + 2) * 4)
+               + 3 * hf_config.intermediate_size * width + 2 * (heads + 2 * kv) * d * width
+               + heads * 64 * (d + 2) * 4)
     return max_size * per_row + (16 << 20)
 
 
-def wanted(config: Any, device: torch.device, backend: Any) -> list[int]:
-    """The sizes to capture, or none: CUDA only, one process (tp = pp = 1), a backend that
-    never asks the host (the Triton kernels), not enforce_eager."""
-    if (config.enforce_eager or device.type != "cuda" or not backend.graph_safe
+def wanted(config: Any, device: torch.device, backend: Any, model: Any) -> list[int]:
+    """The sizes to capture, or none: CUDA only, one process (tp = pp = 1), a backend and a
+    model whose forward never asks the host (the Triton kernels; no expert layer, which
+    counts its experts' tokens on the host), not enforce_eager."""
+    if (config.enforce_eager or device.type != "cuda" or not backend.graph_safe or not model.graph_safe
             or config.tensor_parallel_size * config.pipeline_parallel_size != 1):
         return []
     return sorted(set(config.cuda_graph_sizes or default_sizes(config.max_num_seqs)))

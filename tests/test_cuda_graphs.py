@@ -6,6 +6,8 @@ replays real graphs against eager on a device."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -13,6 +15,8 @@ from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs, bucket, default_sizes, eager_capture, pool_bytes, wanted
 from kernels.backend import NativeBackend, TorchBackend, TritonBackend
+
+DENSE = SimpleNamespace(graph_safe=True)  # a model without expert layers
 
 
 @pytest.mark.unit
@@ -25,13 +29,14 @@ def test_sizes_buckets_and_when_graphs_are_wanted():
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     base = EngineConfig(max_num_seqs=16)
-    assert wanted(base, cuda, TritonBackend()) == [1, 2, 4, 8, 16]
-    assert wanted(base, cpu, TritonBackend()) == []
-    assert wanted(base, cuda, TorchBackend()) == []  # its store asks the host about padding
-    assert wanted(base, cpu, NativeBackend()) == []
-    assert wanted(base.model_copy(update={"enforce_eager": True}), cuda, TritonBackend()) == []
-    assert wanted(base.model_copy(update={"tensor_parallel_size": 2}), cuda, TritonBackend()) == []
-    assert wanted(EngineConfig(cuda_graph_sizes=[8, 1, 8, 3]), cuda, TritonBackend()) == [1, 3, 8]
+    assert wanted(base, cuda, TritonBackend(), DENSE) == [1, 2, 4, 8, 16]
+    assert wanted(base, cpu, TritonBackend(), DENSE) == []
+    assert wanted(base, cuda, TorchBackend(), DENSE) == []  # its store asks the host about padding
+    assert wanted(base, cpu, NativeBackend(), DENSE) == []
+    assert wanted(base.model_copy(update={"enforce_eager": True}), cuda, TritonBackend(), DENSE) == []
+    assert wanted(base.model_copy(update={"tensor_parallel_size": 2}), cuda, TritonBackend(), DENSE) == []
+    assert wanted(EngineConfig(cuda_graph_sizes=[8, 1, 8, 3]), cuda, TritonBackend(), DENSE) == [1, 3, 8]
+    assert wanted(base, cuda, TritonBackend(), SimpleNamespace(graph_safe=False)) == []  # an expert layer
 
 
 @pytest.mark.unit

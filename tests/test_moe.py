@@ -101,6 +101,8 @@ def test_a_checkpoint_missing_an_expert_or_asking_for_quantization_is_refused(tm
     from tests import arch_models
 
     path = arch_models.build("qwen3_moe", tmp_path / "m", default_model_dir)
+    with LLM(str(path), dtype="float32", max_model_len=64) as llm:  # its expert layers count tokens on the host
+        assert not llm.engine.executor.runner.model.graph_safe
     with pytest.raises(ParamError) as e:
         LLM(str(path), dtype="float32", max_model_len=64, quantization="int8")
     assert e.value.param == "quantization" and "qwen3_moe" in str(e.value)

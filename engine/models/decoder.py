@@ -223,6 +223,13 @@ class DecoderForCausalLM(nn.Module):
         self.fused = False
 
     @property
+    def graph_safe(self) -> bool:
+        """Whether a forward pass runs without asking the host anything, so a CUDA graph
+        can hold it (engine/cuda_graphs.py): an expert layer counts its tokens per expert
+        on the host."""
+        return self.arch.moe is None
+
+    @property
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.tie else self.lm_head.weight
 

@@ -47,7 +47,7 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]]) -> No
         if len(parts) >= 5 and parts[-4] == "experts":
             loaded.add(_load_expert(model, params, parts, src))
             continue
-        owner = _owner(model, parts, name)
+        owner = _module(model, ".".join(parts[:-2]), name)
         if module in PREFUSED:
             name = ".".join(parts)
             param = params[name]
@@ -80,13 +80,11 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]]) -> No
     _check_complete(params, loaded)
 
 
-def _owner(model: DecoderForCausalLM, parts: list[str], name: str):
-    """The module holding a `<path>.<module>.<leaf>` tensor's projection: its slices follow
-    that module's sizes. A path the model does not have is the checkpoint's error."""
-    if len(parts) <= 2:
-        return model
+def _module(model: DecoderForCausalLM, path: str, name: str):
+    """The module at `path` (the model itself for ""), whose sizes a tensor's slices
+    follow; a path the model does not have is the checkpoint's error, naming the tensor."""
     try:
-        return model.get_submodule(".".join(parts[:-2]))
+        return model.get_submodule(path)
     except AttributeError:
         raise ValueError(f"unexpected weight {name!r} in checkpoint") from None
 
@@ -131,7 +129,7 @@ def _cols(model: DecoderForCausalLM, owner, module: str, src) -> torch.Tensor:
 def _load_expert(model: DecoderForCausalLM, params: dict[str, torch.Tensor], parts: list[str], src) -> str:
     """One expert's gate, up or down projection into the expert layer's stacked parameters
     (this rank's slice of its intermediate size); the key it counts as loaded."""
-    moe = _owner(model, parts[:-2], ".".join(parts))
+    moe = _module(model, ".".join(parts[:-4]), ".".join(parts))
     expert, module, prefix = parts[-3], parts[-2], ".".join(parts[:-4])
     if (not isinstance(moe, SparseMoE) or module not in ("gate_proj", "up_proj", "down_proj")
             or parts[-1] != "weight" or not expert.isdigit() or int(expert) >= moe.spec.experts):

@@ -142,7 +142,7 @@ class OpenAIServing:
                         prompt_logprobs: int | None = None, keep_special_tokens: bool = False) -> SamplingParams:
         """The model's generation_config.json, then OpenAI's defaults, where the request is
         silent (as vLLM's `--generation-config auto`); SamplingParams checks the ranges.
-        `keep_special_tokens` decodes them where the request left skip_special_tokens unset."""
+        `keep_special_tokens` decodes them (keeps_special_tokens says when)."""
         if req.prompt_logprobs is not None and req.stream:
             raise bad_request("prompt_logprobs cannot be streamed; ask without stream", "prompt_logprobs")
         kw: dict[str, Any] = {
@@ -151,8 +151,7 @@ class OpenAIServing:
             "n": req.n, "max_tokens": max_tokens, "seed": req.seed, "logprobs": logprobs,
             "stop": [req.stop] if isinstance(req.stop, str) else list(req.stop or []),
             "stop_token_ids": list(req.stop_token_ids or []), "min_tokens": req.min_tokens,
-            "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens and not (
-                keep_special_tokens and "skip_special_tokens" not in req.model_fields_set),
+            "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens and not keep_special_tokens,
             "logit_bias": token_keys(req.logit_bias or {}, "logit_bias", self.llm.info.vocab_size),
             "allowed_token_ids": req.allowed_token_ids,
             "include_stop_str_in_output": req.include_stop_str_in_output,

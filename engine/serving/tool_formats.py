@@ -117,6 +117,11 @@ def _pythonic(text: str) -> list[Call] | None:
     return calls
 
 
+def _tagged_list(tag: str, calls: list[Call]) -> str:
+    """Calls as Mistral and Granite write them: the tag, then one JSON list."""
+    return tag + json.dumps([{"name": n, "arguments": a} for n, a in calls], ensure_ascii=False)
+
+
 @dataclass(frozen=True)
 class ToolFormat:
     markers: tuple[str, ...]  # what begins the calls
@@ -130,12 +135,8 @@ FORMATS = {
     "llama3_json": ToolFormat((PYTHON_TAG, "{"), True, _llama3,
                               lambda calls: "; ".join(json.dumps({"name": n, "parameters": a}, ensure_ascii=False)
                                                       for n, a in calls), True),
-    "mistral": ToolFormat((MISTRAL_TAG,), False, _mistral,
-                          lambda calls: MISTRAL_TAG + json.dumps([{"name": n, "arguments": a} for n, a in calls],
-                                                                 ensure_ascii=False), True),
-    "granite": ToolFormat((GRANITE_TAG,), False, _granite,
-                          lambda calls: GRANITE_TAG + json.dumps([{"name": n, "arguments": a} for n, a in calls],
-                                                                 ensure_ascii=False), True),
+    "mistral": ToolFormat((MISTRAL_TAG,), False, _mistral, lambda calls: _tagged_list(MISTRAL_TAG, calls), True),
+    "granite": ToolFormat((GRANITE_TAG,), False, _granite, lambda calls: _tagged_list(GRANITE_TAG, calls), True),
     "pythonic": ToolFormat(("[",), True, _pythonic,
                            lambda calls: "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items())
                                                          + ")" for n, a in calls) + "]"),

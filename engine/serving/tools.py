@@ -168,10 +168,9 @@ def marker_is_special(tokenizer: Any, fmt: str) -> bool:
 GRAMMAR = {
     "hermes": (lambda name: f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": ', "}\n" + CLOSE, "\n", OPEN),
     "llama3_json": (lambda name: f'{{"name": {json.dumps(name)}, "parameters": ', "}", "; ", '{"name"'),
-    "mistral": (lambda name: f'{MISTRAL_TAG}[{{"name": {json.dumps(name)}, "arguments": ', "}]", "",
-                MISTRAL_TAG),
-    "granite": (lambda name: f'{GRANITE_TAG}[{{"name": {json.dumps(name)}, "arguments": ', "}]", "",
-                GRANITE_TAG),
+    # a tag, then a one-call JSON list: Mistral's [TOOL_CALLS], Granite's <|tool_call|>
+    **{fmt: (lambda name, tag=tag: f'{tag}[{{"name": {json.dumps(name)}, "arguments": ', "}]", "", tag)
+       for fmt, tag in (("mistral", MISTRAL_TAG), ("granite", GRANITE_TAG))},
 }
 
 
