@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import logging
 import os
@@ -66,9 +67,10 @@ def load() -> bool:
     try:
         from torch.utils import cpp_extension
 
-        with _own_ninja():
+        name = build_name()
+        with _own_ninja(), _sole_builder(name):
             cpp_extension.load(
-                name=build_name(),
+                name=name,
                 sources=[str(p) for p in SOURCES],
                 extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math"],
                 extra_include_paths=[str(CSRC)],
@@ -82,6 +84,31 @@ def load() -> bool:
         logger.warning("native CPU attention unavailable, using the torch path: %s", str(exc).splitlines()[0])
         _state["ok"] = False
     return bool(_state["ok"])
+
+
+@contextlib.contextmanager
+def _sole_builder(name: str) -> Iterator[None]:
+    """cpp_extension guards a build with a `lock` file in its directory and, while one
+    exists, waits for it to go: forever, silently. A build killed midway (Ctrl-C during
+    the first `make serve`, a cancelled CI job) leaves that file behind, and every later
+    start then hung, loading an up-to-date build included. Here each builder first takes
+    an flock, which the kernel drops when its holder dies: the holder is the only builder
+    of this name, so a `lock` file it finds is a dead one's and is removed."""
+    from torch.utils import cpp_extension
+
+    try:
+        build_dir = Path(cpp_extension._get_build_directory(name, False))  # torch's own layout
+    except Exception:  # noqa: BLE001 - its private helper moved: build as before
+        yield
+        return
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir.parent / f"{name}.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

@@ -81,3 +81,19 @@ def test_an_engine_process_keeps_freed_step_buffers_mapped(tiny_model_factory):
     seen = [int(v) for v in res.stdout.split()[-6:]]
     assert seen[0] == 1, seen  # glibc's default: its own mapping, unmapped on free
     assert seen[3:] == [0, 1, 1], seen  # in an engine process: from the heap, kept when freed, reused
+
+
+def test_a_build_killed_midway_does_not_hang_the_next_start():
+    """cpp_extension waits, forever, while its `lock` file exists; a killed build leaves one.
+    The next process must load the kernels anyway (kernels/cpu.py `_sole_builder`)."""
+    from torch.utils import cpp_extension
+
+    from kernels import cpu
+
+    assert cpu.load()  # built, as `make setup` leaves it
+    lock = Path(cpp_extension._get_build_directory(cpu.build_name(), False)) / "lock"
+    lock.touch()  # what a build killed midway leaves
+    out = subprocess.run([sys.executable, "-c", "from kernels import cpu; print(cpu.load())"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=240)
+    assert out.stdout.split() == ["True"], out.stderr[-2000:]
+    assert not lock.exists()
