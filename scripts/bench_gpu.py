@@ -7,7 +7,7 @@ weights (scripts/model_shapes.py; `load_format="dummy"`), all in one run on one 
 - the batch-1 decode step against its floor: the weights' bytes over the device's measured
   copy bandwidth (a decode step reads every weight once).
 
-    python scripts/bench_gpu.py [--shape qwen3-1.7b] [--requests 64] [--out results.md]
+    python scripts/bench_gpu.py [--shape qwen3-1.7b] [--requests 64] [--pairs 2] [--out results.md]
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def copy_bandwidth() -> float:
     return 10 * 2 * src.numel() * 4 / (start.elapsed_time(end) / 1e3)
 
 
-def _timed(fn) -> float:
+def timed(fn) -> float:
+    """Wall seconds of fn, the device's queued work included."""
     torch.cuda.synchronize()
     t = time.perf_counter()
     fn()
@@ -49,20 +50,28 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
+def start(path: Path, num_prompts: int, eager: bool):
+    """Our engine on the device as every timing here runs it: bf16 random weights, the
+    Triton kernels, CUDA graphs unless eager, no prefix caching."""
+    from engine import LLM
+
+    return LLM(str(path), load_format="dummy", dtype="bfloat16", device="cuda", attention_backend="triton",
+               max_model_len=2048, max_num_seqs=max(64, num_prompts), gpu_memory_utilization=0.6,
+               enforce_eager=eager, enable_prefix_caching=False)
+
+
 def ours(path: Path, prompts: list[list[int]], out_len: int, eager: bool) -> dict[str, float]:
-    from engine import LLM, SamplingParams
+    from engine import SamplingParams
 
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
     one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    with LLM(str(path), load_format="dummy", dtype="bfloat16", device="cuda", attention_backend="triton",
-             max_model_len=2048, max_num_seqs=max(64, len(prompts)), gpu_memory_utilization=0.6,
-             enforce_eager=eager, enable_prefix_caching=False) as llm:
+    with start(path, len(prompts), eager) as llm:
         llm.generate(prompts, params, use_tqdm=False)  # warm-up: every kernel specialisation the
         llm.generate(prompts[:1], one, use_tqdm=False)  # timings below meet is compiled here
         llm.generate(prompts[:1], params, use_tqdm=False)
-        batch = _timed(lambda: llm.generate(prompts, params, use_tqdm=False))
-        first = _timed(lambda: llm.generate(prompts[:1], one, use_tqdm=False))
-        single = _timed(lambda: llm.generate(prompts[:1], params, use_tqdm=False))
+        batch = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
+        first = timed(lambda: llm.generate(prompts[:1], one, use_tqdm=False))
+        single = timed(lambda: llm.generate(prompts[:1], params, use_tqdm=False))
     gc.collect()
     torch.cuda.empty_cache()
     return {"tok/s": len(prompts) * out_len / batch, "step ms": (single - first) / (out_len - 1) * 1e3}
@@ -83,9 +92,9 @@ def transformers_generate(path: Path, prompts: list[list[int]], out_len: int) ->
 
     gen(ids, 4)
     gen(ids[:1], out_len)
-    batch = _timed(lambda: gen(ids, out_len))
-    first = _timed(lambda: gen(ids[:1], 1))
-    single = _timed(lambda: gen(ids[:1], out_len))
+    batch = timed(lambda: gen(ids, out_len))
+    first = timed(lambda: gen(ids[:1], 1))
+    single = timed(lambda: gen(ids[:1], out_len))
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     model = None
     gc.collect()
@@ -94,12 +103,20 @@ def transformers_generate(path: Path, prompts: list[list[int]], out_len: int) ->
             "weights": weights}
 
 
+ENGINES = ("ours, CUDA graphs", "ours, enforce_eager", "transformers generate")
+
+
+def spread(values: list[float]) -> float:
+    return (max(values) - min(values)) / min(values)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="qwen3-1.7b", choices=sorted(model_shapes.SHAPES))
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--pairs", type=int, default=2, help="runs of the three, back to back (a ratio needs several)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -110,20 +127,28 @@ def main() -> int:
     vocab = model_shapes.SHAPES[args.shape]["vocab_size"]
     prompts = torch.randint(3, vocab, (args.requests, args.input_len), generator=gen).tolist()
     bw = copy_bandwidth()
-    rows = {"ours, CUDA graphs": ours(path, prompts, args.output_len, eager=False),
-            "ours, enforce_eager": ours(path, prompts, args.output_len, eager=True),
-            "transformers generate": transformers_generate(path, prompts, args.output_len)}
-    floor_ms = rows["transformers generate"]["weights"] / bw * 1e3
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in ENGINES}
+    for _ in range(args.pairs):  # each pair: the three, back to back, so drift hits them alike
+        runs["ours, CUDA graphs"].append(ours(path, prompts, args.output_len, eager=False))
+        runs["ours, enforce_eager"].append(ours(path, prompts, args.output_len, eager=True))
+        runs["transformers generate"].append(transformers_generate(path, prompts, args.output_len))
+    floor_ms = runs["transformers generate"][0]["weights"] / bw * 1e3
     lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.shape} random weights, bf16; "
              f"{args.requests} requests x {args.input_len} prompt + {args.output_len} output tokens; copy bandwidth "
-             f"{bw / 1e12:.2f} TB/s, so a batch-1 step's floor (weights / bandwidth) is {floor_ms:.2f} ms", "",
-             "| engine | throughput (output tok/s) | batch-1 decode step (ms) | floor / step |", "|---|---|---|---|"]
-    for name, r in rows.items():
-        lines.append(f"| {name} | {r['tok/s']:.0f} | {r['step ms']:.2f} | {floor_ms / r['step ms']:.0%} |")
-    base = rows["transformers generate"]["tok/s"]
-    lines += ["", f"throughput vs transformers: graphs {rows['ours, CUDA graphs']['tok/s'] / base:.2f}x, eager "
-              f"{rows['ours, enforce_eager']['tok/s'] / base:.2f}x; batch-1 step, eager / graphs: "
-              f"{rows['ours, enforce_eager']['step ms'] / rows['ours, CUDA graphs']['step ms']:.2f}x"]
+             f"{bw / 1e12:.2f} TB/s, so a batch-1 step's floor (weights / bandwidth) is {floor_ms:.2f} ms; "
+             f"{args.pairs} run(s) of each, listed in order", "",
+             "| engine | throughput (output tok/s) | spread | batch-1 decode step (ms) | spread | floor / best step |",
+             "|---|---|---|---|---|---|"]
+    for name, rs in runs.items():
+        tps, steps = [r["tok/s"] for r in rs], [r["step ms"] for r in rs]
+        lines.append(f"| {name} | {' / '.join(f'{v:.0f}' for v in tps)} | {spread(tps):.0%} | "
+                     f"{' / '.join(f'{v:.2f}' for v in steps)} | {spread(steps):.0%} | {floor_ms / min(steps):.0%} |")
+    g, e, t = (runs[name] for name in ENGINES)
+    lines += ["", "per run: throughput graphs / transformers " + ", ".join(
+                  f"{a['tok/s'] / c['tok/s']:.2f}x" for a, c in zip(g, t))
+              + "; throughput graphs / eager " + ", ".join(f"{a['tok/s'] / b['tok/s']:.2f}x" for a, b in zip(g, e))
+              + "; batch-1 step eager / graphs " + ", ".join(f"{b['step ms'] / a['step ms']:.2f}x"
+                                                           for a, b in zip(g, e))]
     text = "\n".join(lines)
     print(text)
     if args.out:

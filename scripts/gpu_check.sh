@@ -5,7 +5,7 @@
 #   2. the Triton kernels' tests on the device (tests/test_kernels.py, KERNELS_NATIVE=1),
 #      every compiled configuration included;
 #   3. scripts/bench_kernels.py: decode attention against the copy bandwidth;
-#   4. scripts/bench_gpu.py: throughput at a 1.7B shape (graphs, eager, transformers) and the
+#   4. scripts/bench_gpu.py: two runs each of throughput at a 1.7B shape (graphs, eager, transformers) and the
 #      batch-1 decode step against the weights' bytes over the bandwidth.
 # It runs with the machine's own PyTorch and Triton (no network there); the project's other
 # needs travel as wheels in an ignored .whl/ folder (docs/gpu.md says which). Logs and
@@ -52,11 +52,11 @@ step() {  # step NAME SECONDS CMD...: run it under a time limit, note a failure,
     [ "$rc" -eq 0 ] || failed+=("$name")
 }
 
-step "gpu tier" 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py --junitxml "$OUT/gpu_tier.xml"
+step "gpu tier" 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py --junitxml "$OUT/gpu_tier.xml"
 step "kernels on the device" 120 env KERNELS_NATIVE=1 "$PY" -m pytest -q -p no:cacheprovider tests/test_kernels.py \
     -x --junitxml "$OUT/kernels.xml"
 step "bench_kernels" 60 "$PY" scripts/bench_kernels.py --batches 1,32,256 --contexts 512,4096 --out "$OUT/bench_kernels.md"
-step "bench_gpu" 150 "$PY" scripts/bench_gpu.py --out "$OUT/bench_gpu.md"
+step "bench_gpu" 180 "$PY" scripts/bench_gpu.py --pairs 2 --out "$OUT/bench_gpu.md"
 
 echo
 if [ ${#failed[@]} -eq 0 ]; then

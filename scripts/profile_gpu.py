@@ -14,7 +14,6 @@ import io
 import pstats
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -22,32 +21,23 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the engine, when run as a script
 
 import model_shapes  # noqa: E402  (scripts/ is on sys.path when run as a script)
-
-
-def _wall(fn) -> float:
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t
+from bench_gpu import start, timed  # noqa: E402
 
 
 def profile(path: Path, prompts: list[list[int]], out_len: int, eager: bool, out: Path) -> list[str]:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from engine import LLM, SamplingParams
+    from engine import SamplingParams
 
     mode = "eager" if eager else "graphs"
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
-    with LLM(str(path), load_format="dummy", dtype="bfloat16", device="cuda", attention_backend="triton",
-             max_model_len=2048, max_num_seqs=max(64, len(prompts)), gpu_memory_utilization=0.6,
-             enforce_eager=eager, enable_prefix_caching=False) as llm:
+    with start(path, len(prompts), eager) as llm:
         run = lambda n: llm.generate(prompts[:n], params, use_tqdm=False)  # noqa: E731
         run(len(prompts))
         run(1)  # every kernel specialisation either timing meets is compiled now
-        lines = [f"== {mode}: batch {len(prompts)} x {out_len} tokens {_wall(lambda: run(len(prompts))):.3f} s, "
-                 f"batch 1 x {out_len} tokens {_wall(lambda: run(1)):.3f} s"]
+        lines = [f"== {mode}: batch {len(prompts)} x {out_len} tokens {timed(lambda: run(len(prompts))):.3f} s, "
+                 f"batch 1 x {out_len} tokens {timed(lambda: run(1)):.3f} s"]
         prof = cProfile.Profile()
         prof.enable()
         run(len(prompts))
@@ -58,7 +48,7 @@ def profile(path: Path, prompts: list[list[int]], out_len: int, eager: bool, out
         stats.sort_stats("cumulative").print_stats(r"/(engine|kernels)/", 40)
         (out / f"host_{mode}.txt").write_text(text.getvalue())
         with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
-            wall = _wall(lambda: run(len(prompts)))
+            wall = timed(lambda: run(len(prompts)))
         table = tp.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=60)
         (out / f"device_{mode}.txt").write_text(table)
         busy = sum(e.self_device_time_total for e in tp.key_averages()) / 1e6
