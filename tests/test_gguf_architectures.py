@@ -32,6 +32,15 @@ GGUF_OVERRIDES = {
 }
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _conversions_in_this_run(tmp_path_factory):
+    """These files are written afresh by each run: their fp32 conversions stay in the run's
+    temporary directory, which pytest removes, rather than piling up in the user's cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PAGEDSERVE_CACHE", str(tmp_path_factory.mktemp("pagedserve-cache")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def written(tmp_path_factory, default_model_dir):
     made = {}
@@ -105,3 +114,38 @@ def test_a_chat_gguf_stops_on_the_turn_end_its_template_writes(written, tmp_path
     [out] = llm.chat([[{"role": "user", "content": "hi"}]],
                      SamplingParams(max_tokens=8, temperature=0, logit_bias={end: 100.0}))
     assert out.outputs[0].token_ids == [end] and out.outputs[0].finish_reason == "stop"
+
+
+def test_a_conversion_is_found_by_the_files_bytes_not_its_path(written, tmp_path, monkeypatch):
+    """A reinstalled venv, a moved Bento or a fresh clone holds the same GGUF at a new path:
+    its fp32 conversion is found, not made again beside the old one (a path key filled a
+    disk that way). New bytes at the same path get their own; a killed conversion's
+    leftover is removed by the next one once it is old."""
+    import os
+    import shutil
+    import time
+
+    from engine.models import loader
+
+    monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
+    made = []
+    convert = loader.convert_gguf
+    monkeypatch.setattr(loader, "convert_gguf", lambda gguf, out: (made.append(out), convert(gguf, out)))
+    _, qwen2 = written("qwen2")
+    _, qwen3 = written("qwen3")
+    first = loader.resolve(str(qwen2)).path
+    copy = tmp_path / "reinstalled" / qwen2.name
+    copy.parent.mkdir()
+    shutil.copy(qwen2, copy)
+    assert loader.resolve(str(copy)).path == first and made == [first]
+
+    stale, live = (tmp_path / "cache" / "gguf" / f"{loader.TMP_PREFIX}{name}" for name in ("killed", "running"))
+    stale.mkdir(), live.mkdir()
+    hours_ago = time.time() - 2 * 3600
+    os.utime(stale, (hours_ago, hours_ago))
+    shutil.copy(qwen3, copy)  # other bytes at the same path
+    other = loader.resolve(str(copy)).path
+    assert other != first and made == [first, other]
+    assert loader.load_config(loader.ModelFiles(other, str(copy))).model_type == "qwen3"
+    assert not stale.exists() and live.exists()
+    assert sorted(p.name for p in (tmp_path / "cache" / "gguf").iterdir()) == sorted([first.name, other.name, live.name])

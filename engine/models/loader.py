@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,13 +84,42 @@ def _from_hub_cache(repo_id: str) -> ModelFiles:
 
 
 def _from_gguf(gguf: Path) -> ModelFiles:
-    stat = gguf.stat()
+    # Keyed by the file's bytes, not its path: a reinstalled venv, a moved Bento or a fresh
+    # clone holds the same GGUF at a new path, and a path key converted it again each time,
+    # leaving the old fp32 copy (four times the file) behind until the disk filled.
     # CONVERSION names how the directory was made: a newer reader of the same file gets its own.
-    key = hashlib.sha256(f"{CONVERSION}:{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{CONVERSION}:{_digest(gguf)}".encode()).hexdigest()[:16]
     out = cache_root() / "gguf" / f"{gguf.stem}-{key}"
     if not (out / "model.safetensors").is_file():
         convert_gguf(gguf, out)
     return ModelFiles(out, str(gguf))
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def _digest(path: Path) -> str:
+    """The file's sha256, once per process for an unchanged file (0.14 s per 100 MB)."""
+    stat = path.stat()
+    memo = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if memo not in _DIGESTS:
+        with path.open("rb") as f:
+            _DIGESTS[memo] = hashlib.file_digest(f, "sha256").hexdigest()
+    return _DIGESTS[memo]
+
+
+TMP_PREFIX = ".converting-"  # no converted directory's name starts with a dot
+STALE_TMP_S = 3600.0  # a conversion takes seconds to minutes; an hour-old one was killed
+
+
+def _remove_stale_tmp(root: Path) -> None:
+    """A conversion killed part way leaves its directory (fp32 weights, hundreds of MB);
+    the next conversion removes those old enough that no live one can own them."""
+    now = time.time()
+    for tmp in root.glob(f"{TMP_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            if now - tmp.stat().st_mtime > STALE_TMP_S:
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def convert_gguf(gguf: Path, out: Path) -> None:
@@ -106,7 +136,8 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     # A directory of its own: a name from the pid collided across containers sharing the
     # cache, where every process may be pid 1.
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp", dir=out.parent))
+    _remove_stale_tmp(out.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{out.name}-", dir=out.parent))
     tmp.chmod(0o755)  # as a plain mkdir would make it; mkdtemp makes 0700
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights we write are plain fp32
@@ -118,7 +149,13 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / "model.safetensors")
     (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf)}))
     shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:
+        # Another process converted the same bytes and renamed first: its copy is the same.
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (out / "model.safetensors").is_file():
+            raise
 
 
 def load_config(files: ModelFiles) -> PretrainedConfig:
