@@ -27,19 +27,20 @@ from bentoml.exceptions import BentoMLException, NotFound
 from starlette.middleware.cors import CORSMiddleware
 
 from engine import parallel
+from engine.client import tracing
+from engine.client.async_llm import AsyncLLM, QueueLimits
+from engine.client.metrics import engine_metrics
 from engine.config import EngineConfig
 from engine.models import DEFAULT_MODEL_NAME, packaged
-from engine.serving import tenancy, tracing
+from engine.serving import tenancy
 from engine.serving.app import TypedRouteGuard, create_app
-from engine.serving.middleware import APIKeyMiddleware, RequestIdMiddleware
-from engine.serving.async_llm import AsyncLLM, QueueLimits
 from engine.serving.errors import to_api_error
-from engine.serving.handlers import OpenAIServing
-from engine.serving.metrics import engine_metrics
+from engine.serving.middleware import APIKeyMiddleware, RequestIdMiddleware
+from engine.serving.openai.handlers import OpenAIServing
+from engine.serving.openai.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from engine.serving.openapi import MergedDocs
 from engine.serving.preset import load_preset
-from engine.serving.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
-from engine.serving.response_store import ResponseStore
+from engine.serving.responses.store import ResponseStore
 
 logger = logging.getLogger("pagedserve")
 

@@ -2,7 +2,7 @@
 
 Clients (the offline LLM, AsyncLLM's thread and process drivers) send Commands; the core
 answers with Events. In one process these objects are handed over as they are; between
-processes engine/serving/wire.py encodes exactly these types and nothing else.
+processes engine/client/wire.py encodes exactly these types and nothing else.
 
     client -> core   AddRequest | AbortRequest | GetStats | Stop
     core -> client   Ready(ModelInfo) once, then Added | StepOutput | StatsReply, and at

@@ -59,7 +59,7 @@ def tiny_llm(path: Path, chat_template: str):
     chat template, its engine stepped on a thread: for serving a template's formats in-process."""
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
-    from engine.serving.async_llm import AsyncLLM
+    from engine.client.async_llm import AsyncLLM
 
     (path / "chat_template.jinja").write_text(chat_template)
     cfg = EngineConfig.create(model=str(path), device="cpu", dtype="float32", max_model_len=512,

@@ -9,12 +9,12 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
+from engine.client.async_llm import AsyncLLM, EngineDeadError
+from engine.client.metrics import EngineMetrics
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.outputs import Collector
 from engine.sampling_params import SamplingParams
-from engine.serving.async_llm import AsyncLLM, EngineDeadError
-from engine.serving.metrics import EngineMetrics
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 
@@ -352,7 +352,7 @@ def test_stats_on_a_busy_core_hold_a_caller_briefly_and_ask_once(config):
 def test_the_waiting_queue_is_bounded_and_gives_its_places_back(llm):
     """Requests waiting for their first token are bounded in number and prompt tokens; past
     a bound the caller is refused at once, and every place comes back however a request ends."""
-    from engine.serving.admission import Admission, QueueFullError, QueueLimits
+    from engine.client.admission import Admission, QueueFullError, QueueLimits
 
     saved = llm.admission
     llm.admission = Admission(QueueLimits(max_waiting_requests=2, max_waiting_tokens=100))

@@ -107,8 +107,8 @@ def family(tmp_path_factory, default_model_dir):
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from engine.serving.app import create_app
-    from engine.serving.async_llm import AsyncLLM
-    from engine.serving.handlers import OpenAIServing
+    from engine.client.async_llm import AsyncLLM
+    from engine.serving.openai.handlers import OpenAIServing
 
     made, llms = {}, []
 
@@ -234,8 +234,8 @@ def test_a_call_tag_that_is_a_special_token_reaches_the_parser(family):
     with tools decodes special tokens unless the request said otherwise."""
     from engine.detokenizer import Detokenizer
     from engine.sampling_params import SamplingParams
-    from engine.serving.protocol import ChatCompletionRequest, Tool
-    from engine.serving.tools import Splitter
+    from engine.serving.openai.protocol import ChatCompletionRequest, Tool
+    from engine.serving.tools.calls import Splitter
 
     _, path, _ = family("granite")
     serving = family.serving("granite")

@@ -10,6 +10,8 @@ import asyncio
 import pytest
 import torch
 
+from engine.client import wire
+from engine.client.async_llm import AsyncLLM
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.errors import ParamError
@@ -17,8 +19,6 @@ from engine.messages import (AbortRequest, Added, AddRequest, CompletionDelta, D
                              Ready, RequestDelta, RequestMetrics, StatsReply, StepOutput, Stop, Stopped,
                              TokenLogprobs)
 from engine.sampling_params import SamplingParams, Constraint
-from engine.serving import wire
-from engine.serving.async_llm import AsyncLLM
 from engine.stats import EngineStats, StepStats
 from tests.conftest import make_prompts
 from tests.test_exactness import hf_greedy

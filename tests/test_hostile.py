@@ -31,8 +31,8 @@ def app(request, tiny_model_factory):
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from engine.serving.app import create_app
-    from engine.serving.async_llm import AsyncLLM
-    from engine.serving.handlers import OpenAIServing
+    from engine.client.async_llm import AsyncLLM
+    from engine.serving.openai.handlers import OpenAIServing
 
     cfg = EngineConfig.create(model=str(tiny_model_factory("hostile-tiny")), device="cpu", dtype="float32",
                               max_num_seqs=8, max_model_len=64, kv_cache_memory_bytes=64 * 8192)
@@ -272,7 +272,7 @@ def test_the_engine_is_left_clean(app):
 
 
 def test_a_full_queue_is_a_429_with_retry_after(app):
-    from engine.serving.admission import Admission, QueueLimits
+    from engine.client.admission import Admission, QueueLimits
 
     tc, llm = app
     saved = llm.admission
@@ -297,8 +297,8 @@ def thread_app(tiny_model_factory):
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from engine.serving.app import create_app
-    from engine.serving.async_llm import AsyncLLM
-    from engine.serving.handlers import OpenAIServing
+    from engine.client.async_llm import AsyncLLM
+    from engine.serving.openai.handlers import OpenAIServing
 
     cfg = EngineConfig.create(model=str(tiny_model_factory("hostile-tiny")), device="cpu", dtype="float32",
                               max_num_seqs=8, max_model_len=64, kv_cache_memory_bytes=64 * 8192)
@@ -354,7 +354,7 @@ def test_bentomls_http_tracing_skips_only_the_routes_that_generate(thread_app):
     from opentelemetry.util.http import ExcludeList
     from starlette.testclient import TestClient
 
-    from engine.serving.tracing import GENERATION_ROUTES
+    from engine.client.tracing import GENERATION_ROUTES
 
     tc, _ = thread_app
     exporter = InMemorySpanExporter()

@@ -19,7 +19,7 @@ SAY = [{"role": "user", "content": "Say hello."}]
 def test_unknown_fields_are_a_400_or_dropped_and_named():
     from engine.serving.app import parse
     from engine.serving.errors import APIError
-    from engine.serving.protocol import ChatCompletionRequest, CompletionRequest
+    from engine.serving.openai.protocol import ChatCompletionRequest, CompletionRequest
 
     body = json.dumps({"prompt": "hi", "frobnicate": 1, "stream_options": {"include_usage": True, "x": 2}}).encode()
     with pytest.raises(APIError) as err:

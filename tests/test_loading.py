@@ -42,7 +42,7 @@ def test_core_runs_without_any_serving_dependency(tiny_model_factory):
     """engine/ is the synchronous core: generating must not need the HTTP stack."""
     path = tiny_model_factory("isolated")
     blocked = ["bentoml", "starlette", "fastapi", "uvicorn", "prometheus_client", "openai", "opentelemetry",
-               "engine.serving"]
+               "engine.serving", "engine.client"]
     code = f"""
 import importlib.abc, sys
 BLOCKED = {blocked!r}

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.serving.handlers import OpenAIServing
-from engine.serving.protocol import ChatMessage, DetokenizeRequest
+from engine.serving.openai.handlers import OpenAIServing
+from engine.serving.openai.protocol import ChatMessage, DetokenizeRequest
 
 pytestmark = pytest.mark.engine  # loads the embedded model's tokenizer
 

@@ -20,8 +20,8 @@ def app(tiny_model_factory):
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from engine.serving.app import create_app
-    from engine.serving.async_llm import AsyncLLM
-    from engine.serving.handlers import OpenAIServing
+    from engine.client.async_llm import AsyncLLM
+    from engine.serving.openai.handlers import OpenAIServing
 
     cfg = EngineConfig.create(model=str(tiny_model_factory("openapi-tiny")), device="cpu", dtype="float32",
                               max_num_seqs=8, max_model_len=64, kv_cache_memory_bytes=64 * 8192)

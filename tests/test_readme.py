@@ -23,7 +23,7 @@ SNIPPETS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), 
 ASYNC = textwrap.dedent("""
     import asyncio
     from engine import EngineConfig, SamplingParams
-    from engine.serving.async_llm import AsyncLLM
+    from engine.client.async_llm import AsyncLLM
 
     llm = AsyncLLM.start(EngineConfig(max_model_len=256, kv_cache_memory_bytes=32 << 20))
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from engine.serving.reasoning import ReasoningParser
-from engine.serving.tools import Splitter
+from engine.serving.tools.calls import Splitter
 from tests.served import literal_regex, tiny_llm
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -71,7 +71,7 @@ def app(tiny_model_factory):
     from starlette.testclient import TestClient
 
     from engine.serving.app import create_app
-    from engine.serving.handlers import OpenAIServing
+    from engine.serving.openai.handlers import OpenAIServing
 
     llm = tiny_llm(tiny_model_factory("qwen3-style-tiny"), QWEN3_TEMPLATE)
     serving = OpenAIServing(llm, "tiny", reasoning_parser="qwen3")

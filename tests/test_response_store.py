@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from engine.serving.response_store import ResponseStore
+from engine.serving.responses.store import ResponseStore
 
 pytestmark = pytest.mark.unit
 
@@ -63,7 +63,7 @@ def test_sizes_are_memory_not_characters():
 
 
 def test_responses_expire_after_max_age_and_a_sweep_drops_them_without_an_access(monkeypatch):
-    import engine.serving.response_store as mod
+    import engine.serving.responses.store as mod
 
     now = [1000.0]
     monkeypatch.setattr(mod.time, "monotonic", lambda: now[0])
@@ -83,8 +83,8 @@ def test_echoed_reasoning_items_are_not_kept():
     """They never reach a prompt, so keeping them stored data no prompt bound limited."""
     from types import SimpleNamespace
 
-    from engine.serving import responses
-    from engine.serving.responses_protocol import MessageItem, ReasoningItem, Response, ResponsesRequest
+    from engine.serving.responses import handler as responses
+    from engine.serving.responses.protocol import MessageItem, ReasoningItem, Response, ResponsesRequest
 
     serving = SimpleNamespace(store=ResponseStore())
     req = ResponsesRequest.model_validate({"input": "hi", "store": True})

@@ -426,7 +426,7 @@ def test_bento_build_is_offline_and_holds_model_kernels_and_config(bento_home, t
         bento_yaml = tar.extractfile("./bento.yaml").read().decode()
     weights = [n for n in names if n.startswith(f"models/{MODEL_TAG}/") and n.endswith("model.safetensors")]
     assert weights and any(n.endswith("tokenizer.json") for n in names)
-    for path in ("src/service.py", "src/engine/serving/async_llm.py", "src/engine/serving/app.py", "src/engine/engine.py", "src/kernels/__init__.py",
+    for path in ("src/service.py", "src/engine/client/async_llm.py", "src/engine/serving/app.py", "src/engine/engine.py", "src/kernels/__init__.py",
                  "src/kernels/triton_attention.py", "src/kernels/csrc/paged_attention.cpp", "src/config/default.yaml", "src/config/gpu.yaml",
                  "env/docker/Dockerfile"):
         assert path in names, path

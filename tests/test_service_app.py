@@ -19,8 +19,8 @@ def test_health_and_routes_report_a_dead_engine(tiny_model_factory):
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from engine.serving.app import create_app
-    from engine.serving.async_llm import AsyncLLM
-    from engine.serving.handlers import OpenAIServing
+    from engine.client.async_llm import AsyncLLM
+    from engine.serving.openai.handlers import OpenAIServing
 
     cfg = EngineConfig.create(model=str(tiny_model_factory("dead-tiny")), device="cpu", dtype="float32",
                               max_model_len=64, kv_cache_memory_bytes=16 * 8192)
@@ -51,8 +51,8 @@ def test_a_stream_that_fails_after_its_headers_ends_with_an_error_event_then_don
 
     from engine.config import EngineConfig
     from engine.serving.app import create_app
-    from engine.serving.async_llm import AsyncLLM
-    from engine.serving.handlers import OpenAIServing
+    from engine.client.async_llm import AsyncLLM
+    from engine.serving.openai.handlers import OpenAIServing
 
     cfg = EngineConfig.create(model=str(tiny_model_factory("dead-tiny")), device="cpu", dtype="float32",
                               max_model_len=512, kv_cache_memory_bytes=64 * 8192)
@@ -191,9 +191,9 @@ def test_unset_sampling_fields_take_the_models_generation_config(tiny_model_fact
 
     from engine.config import EngineConfig
     from engine.serving.app import create_app
-    from engine.serving.async_llm import AsyncLLM
-    from engine.serving.handlers import OpenAIServing
-    from engine.serving.protocol import CompletionRequest
+    from engine.client.async_llm import AsyncLLM
+    from engine.serving.openai.handlers import OpenAIServing
+    from engine.serving.openai.protocol import CompletionRequest
 
     path = tiny_model_factory("gencfg-tiny")
     (path / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "top_k": 5, "do_sample": False}))
@@ -279,7 +279,7 @@ def test_large_tokenizer_work_leaves_the_event_loop_and_is_bounded():
     import asyncio
     import time
 
-    from engine.serving.admission import Offload, QueueFullError
+    from engine.client.admission import Offload, QueueFullError
 
     async def scenario():
         off = Offload(workers=1, max_waiting=2, threshold=10)
@@ -311,8 +311,8 @@ def test_internal_errors_reach_the_client_as_an_id_and_the_log_as_details(tiny_m
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from engine.serving.app import create_app
-    from engine.serving.async_llm import AsyncLLM
-    from engine.serving.handlers import OpenAIServing
+    from engine.client.async_llm import AsyncLLM
+    from engine.serving.openai.handlers import OpenAIServing
 
     cfg = EngineConfig.create(model=str(tiny_model_factory("dead-tiny")), device="cpu", dtype="float32",
                               max_model_len=64, kv_cache_memory_bytes=16 * 8192)

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from engine.serving.protocol import Tool
-from engine.serving.tool_formats import fold
-from engine.serving.tools import Splitter, call_parser
+from engine.serving.openai.protocol import Tool
+from engine.serving.tools.calls import Splitter, call_parser
+from engine.serving.tools.formats import fold
 from tests.served import literal_regex, tiny_llm
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -87,7 +87,7 @@ def test_each_format_parses_the_same_whole_and_at_every_cut(fmt, text, content, 
 
 @pytest.mark.unit
 def test_the_format_is_read_from_the_chat_template():
-    from engine.serving.tool_formats import detect
+    from engine.serving.tools.formats import detect
 
     assert detect("{{ '<tool_call>' }}") == "hermes"
     assert detect("{% if tools %}<|python_tag|>{% endif %}ipython") == "llama3_json"
@@ -110,7 +110,7 @@ def serve(tiny_model_factory):
     from starlette.testclient import TestClient
 
     from engine.serving.app import create_app
-    from engine.serving.handlers import OpenAIServing
+    from engine.serving.openai.handlers import OpenAIServing
 
     llm = tiny_llm(tiny_model_factory("llama31-style-tiny"), LLAMA_TEMPLATE)
     clients = {}
@@ -168,8 +168,8 @@ def test_the_pythonic_grammar_holds_calls_to_their_schemas():
     from xgrammar.testing import _is_grammar_accept_string
 
     from engine.serving.errors import APIError
-    from engine.serving.pythonic_grammar import grammar
-    from engine.serving.tool_formats import _pythonic
+    from engine.serving.tools.pythonic_grammar import grammar
+    from engine.serving.tools.formats import _pythonic
 
     rich = Tool.model_validate({"type": "function", "function": {"name": "plan", "parameters": {
         "type": "object", "required": ["city"], "additionalProperties": False, "properties": {
@@ -202,7 +202,7 @@ def test_the_pythonic_grammar_grows_linearly_in_the_properties_and_is_capped():
     grammar when every alternative spelled out the rest. Past the bound, a 400 naming tools."""
     from engine import limits
     from engine.serving.errors import APIError
-    from engine.serving.pythonic_grammar import grammar
+    from engine.serving.tools.pythonic_grammar import grammar
 
     def tool(n: int) -> Tool:
         return Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": {

@@ -11,9 +11,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from engine.serving.errors import APIError
-from engine.serving.protocol import ChatMessage, Tool
-from engine.serving.tool_formats import CallDelta, fold
-from engine.serving.tools import CallParser, DEFAULT_PROMPT, active_tools, render, write_calls
+from engine.serving.openai.protocol import ChatMessage, Tool
+from engine.serving.tools.calls import CallParser, DEFAULT_PROMPT, active_tools, render, write_calls
+from engine.serving.tools.formats import CallDelta, fold
 from tests.served import MODEL
 
 pytestmark = pytest.mark.timeout(600)
@@ -134,7 +134,7 @@ def test_a_template_without_tools_gets_the_default_prompt_and_hermes_history():
 def test_tool_choice_checks():
     assert active_tools(TOOLS, "none") == [] and active_tools(TOOLS, None) == TOOLS
     named = {"type": "function", "function": {"name": "get_time"}}
-    from engine.serving.protocol import NamedToolChoice
+    from engine.serving.openai.protocol import NamedToolChoice
     assert active_tools(TOOLS, NamedToolChoice.model_validate(named)) == [TOOLS[1]]
     with pytest.raises(APIError) as err:
         active_tools(TOOLS, NamedToolChoice.model_validate({"type": "function", "function": {"name": "x"}}))

@@ -1,2 +1,3 @@
-"""The HTTP-facing layer over the engine core: AsyncLLM, the OpenAI protocol and handlers,
-the ASGI app, error mapping, metrics and the serving preset. The core never imports it."""
+"""The HTTP APIs over the engine client: the ASGI app and its plumbing (body parsing,
+errors, middleware, tenancy, the preset) here; one package per API (openai/, responses/);
+tool-call parsing (tools/) and reasoning parsing beside them, shared by the APIs."""

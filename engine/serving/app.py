@@ -27,14 +27,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine import __version__
-from engine.serving import jsontext, responses, tracing
+from engine.client import tracing
+from engine.serving import jsontext
 from engine.serving.errors import APIError, bad_request, error_response, to_api_error
-from engine.serving.handlers import OpenAIServing
-from engine.serving.openapi import openapi_document
-from engine.serving.protocol import (
+from engine.serving.openai import completions
+from engine.serving.openai.handlers import OpenAIServing
+from engine.serving.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
 )
-from engine.serving.responses_protocol import ResponsesRequest
+from engine.serving.openapi import openapi_document
+from engine.serving.responses import handler as responses
+from engine.serving.responses.protocol import ResponsesRequest
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +265,7 @@ async def _chat(s: OpenAIServing, req: ChatCompletionRequest) -> Any:
 
 
 async def _completions(s: OpenAIServing, req: CompletionRequest) -> Any:
-    return await s.completion(req)
+    return await completions.complete(s, req)
 
 
 async def _tokenize(s: OpenAIServing, req: TokenizeRequest) -> Any:

@@ -7,7 +7,7 @@ import secrets
 import uuid
 from typing import Any
 
-from engine.serving import tracing
+from engine.client import tracing
 from engine.serving.errors import APIError, error_response
 from engine.serving.tenancy import TENANT, KeyQuota, tenant_of
 

@@ -14,11 +14,11 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from engine.serving.protocol import (
+from engine.serving.openai.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
     DetokenizeResponse, ErrorResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
 )
-from engine.serving.responses_protocol import Response, ResponseDeleted, ResponsesRequest
+from engine.serving.responses.protocol import Response, ResponseDeleted, ResponsesRequest
 
 ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
           "408": "past the request's deadline", "413": "body too large", "429": "waiting queue full",

@@ -45,7 +45,7 @@ class ResourcesConfig(BaseModel):
 
 
 class QueueConfig(BaseModel):
-    """Bounds on requests waiting for their first token (engine/serving/admission.py):
+    """Bounds on requests waiting for their first token (engine/client/admission.py):
     past either, a request gets 429 with Retry-After instead of an unbounded wait."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -70,7 +70,7 @@ class CORSConfig(BaseModel):
 
 
 class ResponsesStoreConfig(BaseModel):
-    """Bounds on the Responses API's stored responses (engine/serving/response_store.py),
+    """Bounds on the Responses API's stored responses (engine/serving/responses/store.py),
     kept in memory per worker and lost on restart; the oldest go first."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from engine.serving.tool_formats import partial_suffix
+from engine.serving.tools.formats import partial_suffix
 
 START, END = "<think>", "</think>"
 ReasoningParserName = Literal["qwen3", "deepseek_r1"]

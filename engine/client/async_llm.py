@@ -1,6 +1,6 @@
 """AsyncLLM: one engine served to many asyncio consumers, each with a stream of deltas.
 
-The engine steps in an EngineCore reached through a client (engine/serving/client.py):
+The engine steps in an EngineCore reached through a client (engine/client/core_client.py):
 by default in a child process, as the service runs it, or on a thread of this process
 around an LLMEngine object. The client reports added requests, step outputs and the
 core's death; AsyncLLM routes each output to its request's event loop with
@@ -33,18 +33,18 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from engine import intake
+from engine.client import tracing
+from engine.client.admission import Admission, QueueFullError, QueueLimits
+from engine.client.core_client import DrainingError, ProcessClient, ThreadClient
 from engine.config import EngineConfig
 from engine.engine import LLMEngine, encode_prompt
 from engine.errors import EngineDeadError, ParamError
 from engine.messages import AddRequest, CompletionDelta, ModelInfo, RequestDelta, RequestMetrics, StepOutput, TokenLogprobs
 from engine.models import loader
 from engine.sampling_params import SamplingParams
-from engine.serving import tracing
-from engine.serving.admission import Admission, QueueFullError, QueueLimits
-from engine.serving.client import DrainingError, ProcessClient, ThreadClient
 
 if TYPE_CHECKING:
-    from engine.serving.metrics import EngineMetrics
+    from engine.client.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -204,10 +204,10 @@ class AsyncLLM:
         """Queue a request and yield its deltas until it finishes.
 
         Raises the engine's ParamError before the first item when the request is invalid,
-        QueueFullError when the waiting queue is at its bound (engine/serving/admission.py),
+        QueueFullError when the waiting queue is at its bound (engine/client/admission.py),
         and EngineDeadError if the engine is or becomes dead. Leaving the loop early
         (break, cancellation, a disconnected client) aborts the request. Each request is
-        one trace span (engine/serving/tracing.py), named for `operation` and the model
+        one trace span (engine/client/tracing.py), named for `operation` and the model
         name clients use (`served_model`, default the engine's).
         """
         request_id = request_id or uuid.uuid4().hex

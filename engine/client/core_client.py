@@ -9,7 +9,7 @@ the GIL back from whichever request handler holds it, and Python's switch interv
 
 ThreadClient runs the same EngineCore around an LLMEngine object on a thread, for tests
 and embedding. Commands and events are engine/messages.py's types: handed over as they
-are on a thread, encoded by engine/serving/wire.py over the pipe. Both clients report
+are on a thread, encoded by engine/client/wire.py over the pipe. Both clients report
 to AsyncLLM through three callbacks, from one thread of theirs:
   on_added(request_id, error or None), on_step(StepOutput), on_dead(exc).
 """
@@ -30,13 +30,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from engine import spawn
+from engine.client import wire
 from engine.config import EngineConfig
 from engine.core import EngineCore, died
 from engine.engine import LLMEngine
 from engine.errors import EngineDeadError
 from engine.messages import (AbortRequest, Added, AddRequest, Command, Died, Event, GetStats, ModelInfo, Ready,
                              StatsReply, StepOutput, Stop, Stopped)
-from engine.serving import wire
 from engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)

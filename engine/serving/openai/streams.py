@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from engine.client.async_llm import StreamOutput
 from engine.messages import CompletionDelta, TokenLogprobs
-from engine.serving.async_llm import StreamOutput
 from engine.serving.errors import bad_request
-from engine.serving.protocol import PromptTokensDetails, UsageInfo
+from engine.serving.openai.protocol import PromptTokensDetails, UsageInfo
 
 DONE = "data: [DONE]\n\n"
 Started = tuple[StreamOutput, AsyncIterator[StreamOutput]]

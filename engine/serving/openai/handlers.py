@@ -3,6 +3,8 @@
 Nothing here knows about HTTP frameworks: it takes validated protocol models and returns
 protocol models or an async iterator of Server-Sent Event strings, and raises APIError
 with the status and OpenAI error fields to send. engine/serving/app.py does the HTTP.
+This file holds the intake every route shares and chat; completions.py and logprobs.py
+the rest.
 
 A streamed request is primed before it is returned: its first delta is awaited here,
 so a request the engine rejects (a prompt longer than max_model_len, say) is a clean
@@ -18,26 +20,25 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from engine.client.admission import Offload
+from engine.client.async_llm import AsyncLLM, StreamOutput
 from engine.engine import encode_prompt
 from engine.llm import apply_chat_template
-from engine.messages import TokenLogprobs
-from engine.sampling_params import SamplingParams, Constraint
+from engine.sampling_params import Constraint, SamplingParams
 from engine.serving import tenancy
-from engine.serving import tools as tools_mod
-from engine.serving.admission import Offload
-from engine.serving.async_llm import AsyncLLM, StreamOutput
-from engine.serving.constraints import structured_output, token_keys
 from engine.serving.errors import APIError, bad_request, to_api_error
-from engine.serving.protocol import (
-    ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
-    ChatMessage, ChatResponseMessage, ChatStreamChoice, ChatTokenLogprob, CompletionChoice, CompletionChunk,
-    CompletionLogprobs, CompletionRequest, CompletionResponse, DeltaFunctionCall, DeltaMessage, DeltaToolCall,
-    DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, PromptLogprob, PromptLogprobs, SamplingFields,
-    TokenizeRequest, TokenizeResponse, Tool, ToolCall, TopLogprob, UsageInfo, random_id,
+from engine.serving.openai.constraints import structured_output, token_keys
+from engine.serving.openai.logprobs import LogprobFormatter
+from engine.serving.openai.protocol import (
+    ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatMessage,
+    ChatResponseMessage, ChatStreamChoice, DeltaFunctionCall, DeltaMessage, DeltaToolCall, DetokenizeRequest,
+    DetokenizeResponse, ModelCard, ModelList, SamplingFields, TokenizeRequest, TokenizeResponse, Tool, ToolCall,
+    UsageInfo, random_id,
 )
+from engine.serving.openai.streams import DONE, Choice, Started, absorb, chain, collect, sse, usage
 from engine.serving.reasoning import ReasoningParserName
-from engine.serving.response_store import ResponseStore
-from engine.serving.streams import DONE, Choice, Started, absorb, chain, collect, merge, prompt_list, sse, usage
+from engine.serving.responses.store import ResponseStore
+from engine.serving.tools import calls as tools_mod
 
 
 class OpenAIServing:
@@ -47,7 +48,7 @@ class OpenAIServing:
                  max_sequences_per_request: int = 256, cache_scope: tenancy.PrefixCacheScope = "per_key") -> None:
         """`aliases`: other names clients may send as `model` (the Hugging Face id, say);
         responses always name the model by served_model_name. `store` keeps the
-        Responses API's stored responses (engine/serving/responses.py);
+        Responses API's stored responses (engine/serving/responses/handler.py);
         `reasoning_parser` splits a <think> block from the answer (reasoning.py);
         `tool_call_parser` is the calls' format, by default the one the chat template teaches;
         `max_sequences_per_request` bounds prompts x n; `cache_scope` says whether API keys
@@ -66,6 +67,11 @@ class OpenAIServing:
         self.tool_format = tool_call_parser or tools_mod.template_format(self._tok)
         self._special_marker = tools_mod.marker_is_special(self._tok, self.tool_format)
         self.offload = Offload()
+        self.logprobs = LogprobFormatter(self._tok)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tok
 
     # -- simple routes --------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
@@ -175,7 +181,7 @@ class OpenAIServing:
         except ValueError as exc:
             raise to_api_error(exc, names) from None
 
-    async def _start(self, prompts: list[str | list[int]], params: SamplingParams, base_id: str,
+    async def start(self, prompts: list[str | list[int]], params: SamplingParams, base_id: str,
                      req: SamplingFields, names: dict[str, str], operation: str = "text_completion"
                      ) -> list[Started]:
         """Submit every prompt and await each one's first delta; all or nothing."""
@@ -214,7 +220,7 @@ class OpenAIServing:
         params = self.sampling_params(req, max_tokens, logprobs, names, forced,
                                       keep_special_tokens=self.keeps_special_tokens(req, tools))
         rid = random_id("chatcmpl")
-        [started] = await self._start([prompt], params, rid, req, names, "chat")
+        [started] = await self.start([prompt], params, rid, req, names, "chat")
         return rid, started, tools
 
     def keeps_special_tokens(self, req: ChatCompletionRequest, tools: list[Tool]) -> bool:
@@ -232,7 +238,7 @@ class OpenAIServing:
         return ChatCompletionResponse(
             id=rid, model=self.model_name, usage=usage([last]),
             choices=[self._chat_choice(i, c, tools, req.logprobs) for i, c in enumerate(choices)],
-            prompt_logprobs=self._prompt_logprobs(last))
+            prompt_logprobs=self.logprobs.prompt(last))
 
     def split(self, text: str, tools: list[Tool]) -> tuple[str | None, str, list[ToolCall]]:
         """A whole output's reasoning, content and tool calls: calls come from the content
@@ -250,7 +256,7 @@ class OpenAIServing:
         finish = "tool_calls" if calls and c.finish_reason == "stop" else c.finish_reason
         return ChatChoice(index=index, message=ChatResponseMessage(content=text or None if calls else text,
                                                                    reasoning_content=reasoning, tool_calls=calls),
-                          logprobs=self.chat_logprobs(c.logprobs) if want_logprobs else None,
+                          logprobs=self.logprobs.chat(c.logprobs) if want_logprobs else None,
                           finish_reason=finish, stop_reason=c.stop_reason)
 
     async def _chat_stream(self, rid: str, first: StreamOutput, gen: AsyncIterator[StreamOutput], n: int,
@@ -269,7 +275,7 @@ class OpenAIServing:
             async for out in chain(first, gen):
                 for d in out.deltas:
                     absorb(choices[d.index], d)
-                    lp = self.chat_logprobs(d.logprobs) if d.logprobs is not None else None
+                    lp = self.logprobs.chat(d.logprobs) if d.logprobs is not None else None
                     delta, finish = _delta(splitters[d.index], d.text, d.finish_reason)
                     if splitters[d.index].holds and not (delta.content or delta.reasoning_content
                                                          or delta.tool_calls or finish or lp):
@@ -282,136 +288,6 @@ class OpenAIServing:
             yield DONE
         finally:
             await gen.aclose()  # type: ignore[attr-defined]
-
-    def _token_str(self, token_id: int) -> str:
-        return self._tok.decode([token_id], skip_special_tokens=False)
-
-    def chat_logprobs(self, lps: list[TokenLogprobs]) -> ChatChoiceLogprobs:
-        def top(tid: int, lp: float) -> TopLogprob:
-            s = self._token_str(tid)
-            return TopLogprob(token=s, logprob=lp, bytes=list(s.encode()))
-
-        content = []
-        for lp in lps:
-            s = self._token_str(lp.token_id)
-            content.append(ChatTokenLogprob(token=s, logprob=lp.logprob, bytes=list(s.encode()),
-                                            top_logprobs=[top(t, v) for t, v in lp.top]))
-        return ChatChoiceLogprobs(content=content)
-
-    # -- completions ----------------------------------------------------------------
-    async def completion(self, req: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
-        self.check_model(req.model)
-        if req.suffix is not None:
-            raise bad_request("suffix is not supported", "suffix")
-        if req.best_of is not None and req.best_of != req.n:
-            raise bad_request("best_of must equal n (no server-side ranking)", "best_of")
-        given = prompt_list(req.prompt)
-        if len(given) * req.n > self.max_sequences:
-            raise bad_request(f"{len(given)} prompts x n={req.n} is {len(given) * req.n} sequences; at most "
-                              f"{self.max_sequences} are accepted in one request", "prompt" if req.n == 1 else "n")
-        prompts = await self.prompts_ids(given)
-        names: dict[str, str] = {}
-        # echo with logprobs scores the echoed prompt too, with as many alternatives as the output
-        echo_lps = req.logprobs if req.echo and req.logprobs is not None else None
-        plps = max(req.prompt_logprobs or 0, echo_lps) if echo_lps is not None else None
-        params = self.sampling_params(req, req.max_tokens, req.logprobs, names, prompt_logprobs=plps)
-        rid = random_id("cmpl")
-        started = await self._start(prompts, params, rid, req, names)
-        n, total = req.n, req.n * len(prompts)
-        echoes = [self._echo(p) if req.echo else "" for p in given]  # a text prompt echoes as sent
-        if req.stream:
-            return self._completion_stream(rid, started, n, echoes, req.include_usage, req.logprobs,
-                                           echo_lps is not None, req.continuous_usage)
-        choices = [Choice() for _ in range(total)]
-        outs = await asyncio.gather(*(collect([s], choices, i * n, n) for i, s in enumerate(started)))
-        result = []
-        for i, c in enumerate(choices):
-            out, lp = outs[i // n], None
-            if req.logprobs is not None:
-                lp = self._completion_logprobs(c.logprobs, len(echoes[i // n]))
-                if echo_lps is not None:
-                    lp = _join_logprobs(self._echo_logprobs(out, echo_lps), lp)
-            result.append(CompletionChoice(index=i, text=echoes[i // n] + c.text, logprobs=lp,
-                                           finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                                           prompt_logprobs=self._prompt_logprobs(out, req.prompt_logprobs)))
-        return CompletionResponse(id=rid, model=self.model_name, usage=usage(outs), choices=result)
-
-    def _echo(self, prompt: str | list[int]) -> str:
-        return prompt if isinstance(prompt, str) else self._tok.decode(prompt)
-
-    async def _completion_stream(self, rid: str, started: list[Started], n: int, echoes: list[str],
-                                 include_usage: bool, logprobs: int | None, echo_logprobs: bool,
-                                 continuous_usage: bool = False) -> AsyncIterator[str]:
-        created = int(time.time())
-        choices = [Choice() for _ in range(n * len(started))]
-        lasts: dict[int, StreamOutput] = {}
-        prompt_lps: dict[int, CompletionLogprobs] = {}
-        try:
-            async for p, out in merge(started):
-                lasts[p] = out
-                if echo_logprobs and out.prompt_logprobs is not None:
-                    prompt_lps[p] = self._echo_logprobs(out, logprobs or 0)
-                for d in out.deltas:
-                    idx = p * n + d.index
-                    c = choices[idx]
-                    first = not c.parts
-                    prefix = echoes[p] if first else ""
-                    offset = c.length + len(echoes[p])
-                    absorb(c, d)
-                    lp = self._completion_logprobs(d.logprobs, offset) if logprobs is not None and d.logprobs else None
-                    if first and p in prompt_lps and lp is not None:
-                        lp = _join_logprobs(prompt_lps[p], lp)
-                    yield sse(CompletionChunk(id=rid, created=created, model=self.model_name, choices=[
-                        CompletionChoice(index=idx, text=prefix + d.text, logprobs=lp, finish_reason=d.finish_reason,
-                                         stop_reason=d.stop_reason)],
-                        usage=usage(list(lasts.values())) if continuous_usage else None))
-            if include_usage:
-                yield sse(CompletionChunk(id=rid, created=created, model=self.model_name, choices=[],
-                                          usage=usage(list(lasts.values()))))
-            yield DONE
-        finally:
-            await asyncio.gather(*(g.aclose() for _, g in started), return_exceptions=True)  # type: ignore
-
-    def _echo_logprobs(self, out: StreamOutput, k: int) -> CompletionLogprobs:
-        """The echoed prompt's tokens in OpenAI's legacy shape: the first has no logprob."""
-        lps = CompletionLogprobs()
-        offset = 0
-        for tid, lp in zip(out.prompt_token_ids, out.prompt_logprobs or []):
-            s = self._token_str(tid)
-            lps.tokens.append(s)
-            lps.text_offset.append(offset)
-            lps.token_logprobs.append(None if lp is None else lp.logprob)
-            lps.top_logprobs.append(None if lp is None else {self._token_str(t): v for t, v in lp.top[:k]})
-            offset += len(s)
-        return lps
-
-    def _prompt_logprobs(self, out: StreamOutput, k: int | None = -1) -> PromptLogprobs | None:
-        """vLLM's prompt_logprobs: per prompt token, it and its top k by token id (k=-1: as asked)."""
-        if out.prompt_logprobs is None or k is None:
-            return None
-        result: PromptLogprobs = []
-        for lp in out.prompt_logprobs:
-            if lp is None:
-                result.append(None)
-                continue
-            top = lp.top if k < 0 else lp.top[:k]
-            entry = {str(t): PromptLogprob(logprob=v, rank=r, decoded_token=self._token_str(t))
-                     for r, (t, v) in enumerate(top, start=1)}
-            entry.setdefault(str(lp.token_id), PromptLogprob(logprob=lp.logprob, rank=lp.rank,
-                                                             decoded_token=self._token_str(lp.token_id)))
-            result.append(entry)
-        return result
-
-    def _completion_logprobs(self, lps: list[TokenLogprobs], offset: int) -> CompletionLogprobs:
-        out = CompletionLogprobs()
-        for lp in lps:
-            s = self._token_str(lp.token_id)
-            out.tokens.append(s)
-            out.token_logprobs.append(lp.logprob)
-            out.top_logprobs.append({self._token_str(t): v for t, v in lp.top})
-            out.text_offset.append(offset)
-            offset += len(s)
-        return out
 
 
 def _refuse_unservable(req: ChatCompletionRequest) -> None:
@@ -437,9 +313,3 @@ def _delta(splitter: tools_mod.Splitter, text: str, finish: str | None) -> tuple
               for c in calls if c.id or c.arguments]
     return DeltaMessage(content=content if not splitter.holds else content or None,
                         reasoning_content=reasoning or None, tool_calls=deltas or None), finish
-
-
-def _join_logprobs(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLogprobs:
-    return CompletionLogprobs(text_offset=a.text_offset + b.text_offset, tokens=a.tokens + b.tokens,
-                              token_logprobs=a.token_logprobs + b.token_logprobs,
-                              top_logprobs=a.top_logprobs + b.top_logprobs)

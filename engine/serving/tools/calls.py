@@ -30,12 +30,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.sampling_params import Constraint
-from engine.serving import jsontext, pythonic_grammar
-from engine.serving.argstream import ArgStream
+from engine.serving import jsontext
 from engine.serving.errors import bad_request
-from engine.serving.protocol import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall, ToolChoice
+from engine.serving.openai.protocol import ChatMessage, FunctionCall, NamedToolChoice, Tool, ToolCall, ToolChoice
 from engine.serving.reasoning import ReasoningParser, ReasoningParserName
-from engine.serving.tool_formats import (CALL_HEAD, FORMATS, GRANITE_TAG, MISTRAL_TAG, Call, CallDelta, TailParser,
+from engine.serving.tools import pythonic_grammar
+from engine.serving.tools.argstream import ArgStream
+from engine.serving.tools.formats import (CALL_HEAD, FORMATS, GRANITE_TAG, MISTRAL_TAG, Call, CallDelta, TailParser,
                                          detect, fold, make_call, new_call_id, partial_suffix, streamed_name)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -216,7 +217,7 @@ class CallParser:
 
     Whole, a block becomes a call only if it parses. With `stream`, a block that opens as
     a call to an offered function (`{"name": ..., "arguments": {`) is a call from there
-    on and its arguments stream as they are written (engine/serving/argstream.py); for a
+    on and its arguments stream as they are written (engine/serving/tools/argstream.py); for a
     valid call the parts join to exactly the whole call's arguments. A streamed call that
     breaks off (max_tokens) or stops being JSON keeps the arguments sent so far, as
     OpenAI's API does; a block that opens otherwise is parsed whole at its end.

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
-from engine.serving.protocol import _Request
+from engine.serving.openai.protocol import _Request
 
 ITEM_KINDS = "message, function_call, function_call_output and reasoning"
 

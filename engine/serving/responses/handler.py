@@ -20,21 +20,21 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from engine.client.async_llm import StreamOutput
+from engine.messages import TokenLogprobs
 from engine.serving import jsontext
 from engine.serving.errors import APIError, bad_request
-from engine.serving.handlers import OpenAIServing
-from engine.serving.protocol import (
+from engine.serving.openai.handlers import OpenAIServing
+from engine.serving.openai.protocol import (
     ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDef, FunctionName, JSONSchemaFormat,
     NamedToolChoice, ResponseFormat, Tool, ToolCall,
 )
-from engine.serving.responses_protocol import (
+from engine.serving.openai.streams import Choice, absorb, chain, collect, usage
+from engine.serving.responses.protocol import (
     FunctionCallItem, FunctionCallOutputItem, IncompleteDetails, InputTokensDetails, MessageItem,
     OutputFunctionCall, OutputMessage, OutputReasoning, OutputText, ReasoningItem, ReasoningText, Response,
     ResponseDeleted, ResponsesRequest, ResponseUsage,
 )
-from engine.messages import TokenLogprobs
-from engine.serving.async_llm import StreamOutput
-from engine.serving.streams import Choice, absorb, chain, collect, usage
 from engine.serving.tenancy import TENANT
 
 # engine and chat field names -> the Responses request's own
@@ -152,7 +152,7 @@ def _wants_logprobs(req: ResponsesRequest) -> bool:
 
 def _logprobs(serving: OpenAIServing, lps: list[TokenLogprobs]) -> list[dict[str, Any]]:
     """Tokens' logprobs in the Responses shape, which is chat's: token, logprob, bytes, top_logprobs."""
-    return [x.model_dump() for x in serving.chat_logprobs(lps).content or []] if lps else []
+    return [x.model_dump() for x in serving.logprobs.chat(lps).content or []] if lps else []
 
 
 def _renamed(exc: APIError) -> APIError:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.serving import jsontext
-from engine.serving.argstream import ArgStream
-from engine.serving.protocol import FunctionCall, ToolCall
+from engine.serving.openai.protocol import FunctionCall, ToolCall
+from engine.serving.tools.argstream import ArgStream
 
 Call = tuple[str, dict[str, Any]]
 PYTHON_TAG = "<|python_tag|>"

@@ -22,7 +22,7 @@ from typing import Any
 
 from engine import limits
 from engine.serving.errors import bad_request
-from engine.serving.protocol import Tool
+from engine.serving.openai.protocol import Tool
 
 # Keywords that describe a value without constraining it.
 _NOTES = {"title", "description", "default", "examples", "$schema", "$comment", "deprecated", "readOnly",

@@ -7,7 +7,7 @@ import json
 from engine.sampling_params import Constraint
 from engine.serving import jsontext
 from engine.serving.errors import bad_request
-from engine.serving.protocol import SamplingFields
+from engine.serving.openai.protocol import SamplingFields
 
 
 def structured_output(req: SamplingFields, names: dict[str, str], tool_call: Constraint | None = None

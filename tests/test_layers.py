@@ -1,0 +1,54 @@
+"""The folders are the layers, and imports only point down them: the core (engine/, its
+models and speculation) never imports the engine client (engine/client/), and the client
+never imports the HTTP APIs (engine/serving/). Read from the source, so an import hidden
+inside a function counts as much as one at the top."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+# a layer, and the packages above it that it must not import
+ABOVE = {"core": ("engine.client", "engine.serving"), "client": ("engine.serving",)}
+
+
+def layer(path: Path) -> str | None:
+    parts = path.relative_to(ROOT / "engine").parts
+    if parts[0] == "serving":
+        return None  # the top: it may import anything below it
+    return "client" if parts[0] == "client" else "core"
+
+
+def imported(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = []
+    for path in sorted((ROOT / "engine").rglob("*.py")):
+        kind = layer(path)
+        if kind is None:
+            continue
+        for name in imported(path):
+            if any(name == top or name.startswith(top + ".") for top in ABOVE[kind]):
+                upward.append(f"{path.relative_to(ROOT)} ({kind}) imports {name}")
+    assert not upward, upward
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+    fake = ROOT / "engine" / "client" / "x.py"
+    assert layer(fake) == "client"
+    module = tmp_path / "x.py"
+    module.write_text("def f():\n    from engine.serving.app import create_app\n")
+    assert "engine.serving.app" in imported(module)
