@@ -33,9 +33,9 @@ from engine.client.metrics import engine_metrics
 from engine.config import EngineConfig
 from engine.models import DEFAULT_MODEL_NAME, packaged
 from engine.serving import tenancy
-from engine.serving.app import TypedRouteGuard, create_app
+from engine.serving.app import create_app
 from engine.serving.errors import to_api_error
-from engine.serving.middleware import APIKeyMiddleware, RequestIdMiddleware
+from engine.serving.middleware import APIKeyMiddleware, RequestIdMiddleware, TypedRouteGuard
 from engine.serving.openai.handlers import OpenAIServing
 from engine.serving.openai.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from engine.serving.openapi import MergedDocs

@@ -17,7 +17,7 @@ SAY = [{"role": "user", "content": "Say hello."}]
 
 @pytest.mark.unit
 def test_unknown_fields_are_a_400_or_dropped_and_named():
-    from engine.serving.app import parse
+    from engine.serving.parsing import parse
     from engine.serving.errors import APIError
     from engine.serving.openai.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -155,7 +155,7 @@ def test_a_template_that_raises_is_the_requests_error(default_model_dir):
 def test_ignored_field_names_are_escaped_cut_and_counted():
     """The names are the client's text: a CR/LF forged log lines and broke the header, a
     non-Latin-1 one made the header a 500 after the whole generation."""
-    from engine.serving.app import MAX_SHOWN_FIELD, shown_fields
+    from engine.serving.parsing import MAX_SHOWN_FIELD, shown_fields
 
     shown = shown_fields(["a\r\nX-Evil: 1", "caf\u00e9\u4e2d", "k" * 10_000] + [f"f{i}" for i in range(40)])
     shown.encode("latin-1")  # a valid header value

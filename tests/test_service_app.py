@@ -227,7 +227,7 @@ def test_typed_routes_get_the_body_guards_and_the_deadline():
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
-    from engine.serving.app import TypedRouteGuard
+    from engine.serving.middleware import TypedRouteGuard
 
     cancelled = []
 

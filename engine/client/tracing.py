@@ -19,7 +19,7 @@ from opentelemetry import context, propagate, trace
 
 
 TRACER = "pagedserve"
-# The HTTP request's X-Request-Id (engine/serving/app.py sets it), for logs and spans.
+# The HTTP request's X-Request-Id (engine/serving/middleware.py sets it), for logs and spans.
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 # The routes that generate, for BentoML's `tracing.excluded_urls` (a regex searched in the

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import uuid
 from typing import Any
 
+from starlette.requests import Request
+
 from engine.client import tracing
-from engine.serving.errors import APIError, error_response
+from engine.serving import jsontext
+from engine.serving.deadlines import deadline, deadline_exceeded
+from engine.serving.errors import APIError, bad_request, error_response
+from engine.serving.parsing import DEFAULT_MAX_BODY, read_body
 from engine.serving.tenancy import TENANT, KeyQuota, tenant_of
 
 API_KEY_ENV = "LLM_API_KEY"
@@ -97,3 +103,57 @@ class APIKeyMiddleware:
                 TENANT.reset(reset)
             return
         await self.app(scope, receive, send)
+
+
+class TypedRouteGuard:
+    """The typed BentoML routes (/generate, /chat) parse their own bodies, so they get the
+    OpenAI routes' guards here, in front of BentoML: the body limit (413), JSON bounded as
+    every body is (jsontext: depth, NaN, 64-bit integers, valid Unicode; 400 in OpenAI's
+    shape), and the deadline (the preset's request_timeout or a shorter X-Request-Timeout).
+    A deadline that passes before the answer starts is a 408; one that passes mid-stream
+    ends the stream there. Either way the route's task is cancelled, which aborts its
+    request in the engine."""
+
+    def __init__(self, app: Any, paths: tuple[str, ...] = ("/generate", "/chat"),
+                 max_body_bytes: int = DEFAULT_MAX_BODY, request_timeout: float | None = None) -> None:
+        self.app = app
+        self.paths = paths
+        self.max_body = max_body_bytes
+        self.request_timeout = request_timeout
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"].rstrip("/") not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            timeout = deadline(request, self.request_timeout)
+            body = await read_body(request, self.max_body)
+            if not isinstance(await jsontext.loads_async(body), dict):
+                raise bad_request("the request body must be a JSON object")
+        except APIError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # then the disconnect, when it comes
+
+        started = False
+
+        async def watch(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await asyncio.wait_for(self.app(scope, replay, watch), timeout)
+        except asyncio.TimeoutError:  # the builtin TimeoutError from 3.11, the floor
+            if started:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                await error_response(deadline_exceeded(timeout))(scope, receive, send)
