@@ -138,6 +138,10 @@ def test_a_conversion_is_found_by_the_files_bytes_not_its_path(written, tmp_path
     copy.parent.mkdir()
     shutil.copy(qwen2, copy)
     assert loader.resolve(str(copy)).path == first and made == [first]
+    link = tmp_path / "linked" / "model.gguf"
+    link.parent.mkdir()
+    link.symlink_to(qwen2)
+    assert loader.resolve(str(link)) == loader.ModelFiles(first, str(link)) and made == [first]
 
     stale, live = (tmp_path / "cache" / "gguf" / f"{loader.TMP_PREFIX}{name}" for name in ("killed", "running"))
     stale.mkdir(), live.mkdir()

@@ -89,7 +89,9 @@ def _from_gguf(gguf: Path) -> ModelFiles:
     # leaving the old fp32 copy (four times the file) behind until the disk filled.
     # CONVERSION names how the directory was made: a newer reader of the same file gets its own.
     key = hashlib.sha256(f"{CONVERSION}:{_digest(gguf)}".encode()).hexdigest()[:16]
-    out = cache_root() / "gguf" / f"{gguf.stem}-{key}"
+    # Named after the file a symlink points to (an HF cache snapshot is links to blobs), so
+    # a link and its target share one conversion; the source stays the path the user gave.
+    out = cache_root() / "gguf" / f"{gguf.resolve().stem}-{key}"
     if not (out / "model.safetensors").is_file():
         convert_gguf(gguf, out)
     return ModelFiles(out, str(gguf))
@@ -147,7 +149,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     if stops:
         (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}))
     save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / "model.safetensors")
-    (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf)}))
+    (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf.resolve())}))  # what the bytes are, for hf_id
     shutil.rmtree(out, ignore_errors=True)
     try:
         tmp.rename(out)
