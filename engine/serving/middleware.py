@@ -1,4 +1,5 @@
-"""The ASGI middlewares the service puts in front of every route: request ids and the API key."""
+"""The ASGI middlewares in front of the routes: request ids and the API key on every route, and the typed
+BentoML routes' body and deadline guard."""
 
 from __future__ import annotations
 
