@@ -27,14 +27,14 @@ from bentoml.exceptions import BentoMLException, NotFound
 from starlette.middleware.cors import CORSMiddleware
 
 from engine import parallel
-from engine.client import tracing
 from engine.client.async_llm import AsyncLLM, QueueLimits
-from engine.client.metrics import engine_metrics
 from engine.config import EngineConfig
 from engine.models import DEFAULT_MODEL_NAME, packaged
+from engine.serving import tracing
 from engine.serving import tenancy
 from engine.serving.app import create_app
 from engine.serving.errors import to_api_error
+from engine.serving.metrics import engine_metrics
 from engine.serving.middleware import APIKeyMiddleware, RequestIdMiddleware, TypedRouteGuard
 from engine.serving.openai.handlers import OpenAIServing
 from engine.serving.openai.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
@@ -109,7 +109,7 @@ class LLMService:
         limits = QueueLimits(queue.max_waiting_requests, queue.max_waiting_tokens)
         _claim_cores(PRESET.service.workers, config)
         self.llm = AsyncLLM.start(config, engine_metrics(served, PRESET.service.metrics_prefix), limits,
-                                  PRESET.service.core_stall_timeout_s)
+                                  PRESET.service.core_stall_timeout_s, tracer=tracing)
         aliases = [self.llm.info.hf_id] if self.llm.info.hf_id else []  # clients may also name it by its HF id
         store = ResponseStore(**PRESET.service.responses_store.model_dump())
         self.serving = OpenAIServing(self.llm, served, root or self.llm.info.model_name, aliases, store,

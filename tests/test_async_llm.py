@@ -10,11 +10,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from engine.client.async_llm import AsyncLLM, EngineDeadError
-from engine.client.metrics import EngineMetrics
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.outputs import Collector
 from engine.sampling_params import SamplingParams
+from engine.serving.metrics import EngineMetrics
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 

@@ -28,15 +28,20 @@ MAX_BODY = 64 << 10
 def app(request, tiny_model_factory):
     from starlette.testclient import TestClient
 
+    from engine.client.async_llm import AsyncLLM
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
+    from engine.serving import tracing
     from engine.serving.app import create_app
-    from engine.client.async_llm import AsyncLLM
     from engine.serving.openai.handlers import OpenAIServing
 
     cfg = EngineConfig.create(model=str(tiny_model_factory("hostile-tiny")), device="cpu", dtype="float32",
                               max_num_seqs=8, max_model_len=64, kv_cache_memory_bytes=64 * 8192)
-    llm = AsyncLLM(LLMEngine(cfg)) if request.param == "thread" else AsyncLLM.start(cfg)
+    # traced as service.py builds it, so hostile bodies go through the span code too
+    if request.param == "thread":
+        llm = AsyncLLM(LLMEngine(cfg), tracer=tracing)
+    else:
+        llm = AsyncLLM.start(cfg, tracer=tracing)
     serving = OpenAIServing(llm, "tiny")
     with TestClient(create_app(lambda: serving, max_body_bytes=MAX_BODY), raise_server_exceptions=False) as tc:
         yield tc, llm
@@ -294,15 +299,16 @@ def thread_app(tiny_model_factory):
     """The engine on a thread, so a test can slow its steps down."""
     from starlette.testclient import TestClient
 
+    from engine.client.async_llm import AsyncLLM
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
+    from engine.serving import tracing
     from engine.serving.app import create_app
-    from engine.client.async_llm import AsyncLLM
     from engine.serving.openai.handlers import OpenAIServing
 
     cfg = EngineConfig.create(model=str(tiny_model_factory("hostile-tiny")), device="cpu", dtype="float32",
                               max_num_seqs=8, max_model_len=64, kv_cache_memory_bytes=64 * 8192)
-    llm = AsyncLLM(LLMEngine(cfg))
+    llm = AsyncLLM(LLMEngine(cfg), tracer=tracing)  # as service.py builds it
     serving = OpenAIServing(llm, "tiny")
     with TestClient(create_app(lambda: serving, max_body_bytes=MAX_BODY)) as tc:
         yield tc, llm
@@ -354,7 +360,7 @@ def test_bentomls_http_tracing_skips_only_the_routes_that_generate(thread_app):
     from opentelemetry.util.http import ExcludeList
     from starlette.testclient import TestClient
 
-    from engine.client.tracing import GENERATION_ROUTES
+    from engine.serving.tracing import GENERATION_ROUTES
 
     tc, _ = thread_app
     exporter = InMemorySpanExporter()

@@ -1,3 +1,4 @@
 """The engine client: AsyncLLM over an EngineCore in a thread or its own process, the
-pipe's codec, admission, and the metrics and traces of each request. Nothing here speaks
-HTTP; engine/serving/ builds the APIs on top, and the core never imports either."""
+pipe's codec, and admission. Nothing here speaks HTTP or needs the serving stack: metrics
+and traces are interfaces (observers.py) that engine/serving/ fills in. The core never
+imports this package."""

@@ -28,23 +28,20 @@ import threading
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from engine import intake
-from engine.client import tracing
 from engine.client.admission import Admission, QueueFullError, QueueLimits
 from engine.client.core_client import DrainingError, ProcessClient, ThreadClient
+from engine.client.observers import RequestTracer, StepObserver
 from engine.config import EngineConfig
 from engine.engine import LLMEngine, encode_prompt
 from engine.errors import EngineDeadError, ParamError
 from engine.messages import AddRequest, CompletionDelta, ModelInfo, RequestDelta, RequestMetrics, StepOutput, TokenLogprobs
 from engine.models import loader
 from engine.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from engine.client.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -128,10 +125,11 @@ class AsyncLLM:
     """Serve one engine to many asyncio consumers. `AsyncLLM(engine)` steps an LLMEngine
     on a thread here; `AsyncLLM.start(config)` builds the engine in its own process."""
 
-    def __init__(self, engine: LLMEngine | None = None, metrics: EngineMetrics | None = None,
+    def __init__(self, engine: LLMEngine | None = None, metrics: StepObserver | None = None,
                  *, config: EngineConfig | None = None, limits: QueueLimits | None = None,
-                 stall_timeout_s: float | None = 60.0) -> None:
+                 stall_timeout_s: float | None = 60.0, tracer: RequestTracer | None = None) -> None:
         self.metrics = metrics
+        self.tracer = tracer
         self.stall_timeout_s = stall_timeout_s
         self.admission = Admission(limits)
         self.draining = False  # set by drain(): new requests are refused, running ones finish
@@ -152,10 +150,11 @@ class AsyncLLM:
             metrics.record_start(self._core.last_stats, cfg.block_size, cfg.dtype, cfg.enable_prefix_caching)
 
     @classmethod
-    def start(cls, config: EngineConfig, metrics: EngineMetrics | None = None,
-              limits: QueueLimits | None = None, stall_timeout_s: float | None = 60.0) -> AsyncLLM:
+    def start(cls, config: EngineConfig, metrics: StepObserver | None = None,
+              limits: QueueLimits | None = None, stall_timeout_s: float | None = 60.0,
+              tracer: RequestTracer | None = None) -> AsyncLLM:
         """The engine core in a child process: its busy loop never waits on this one's GIL."""
-        return cls(None, metrics, config=config, limits=limits, stall_timeout_s=stall_timeout_s)
+        return cls(None, metrics, config=config, limits=limits, stall_timeout_s=stall_timeout_s, tracer=tracer)
 
     # -- facts the HTTP layer needs -------------------------------------------------
     @property
@@ -206,9 +205,9 @@ class AsyncLLM:
         Raises the engine's ParamError before the first item when the request is invalid,
         QueueFullError when the waiting queue is at its bound (engine/client/admission.py),
         and EngineDeadError if the engine is or becomes dead. Leaving the loop early
-        (break, cancellation, a disconnected client) aborts the request. Each request is
-        one trace span (engine/client/tracing.py), named for `operation` and the model
-        name clients use (`served_model`, default the engine's).
+        (break, cancellation, a disconnected client) aborts the request. With a `tracer`
+        (engine/serving/tracing.py), each request is one span, named for `operation` and
+        the model name clients use (`served_model`, default the engine's).
         """
         request_id = request_id or uuid.uuid4().hex
         ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
@@ -226,7 +225,8 @@ class AsyncLLM:
             self._streams[request_id] = stream  # before the add: a death from now on reaches it
         finished = False
         waiting = True  # counted by admission until its first output
-        span = tracing.start_span(operation, served_model or self.info.model_name, request_id, params, len(ids))
+        span = (self.tracer.start_span(operation, served_model or self.info.model_name, request_id, params, len(ids))
+                if self.tracer is not None else None)
         out, error = None, None
         try:
             try:
@@ -255,7 +255,8 @@ class AsyncLLM:
             error = exc if not isinstance(exc, (GeneratorExit, asyncio.CancelledError)) else None
             raise
         finally:
-            tracing.end_span(span, out, error)
+            if self.tracer is not None:
+                self.tracer.end_span(span, out, error)
             if waiting:
                 self.admission.release(len(ids))
             # Not when the add itself failed: the id may belong to someone else's request.

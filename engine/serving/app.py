@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine import __version__
-from engine.client import tracing
+from engine.serving import tracing
 from engine.serving import jsontext
 from engine.serving.deadlines import ClientGone, deadline, sse_events, unless_disconnected
 from engine.serving.errors import APIError, error_response, to_api_error

@@ -13,10 +13,10 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from engine.client import tracing
 from engine.client.admission import QueueFullError
 from engine.client.core_client import DrainingError
 from engine.errors import EngineDeadError, ParamError
+from engine.serving import tracing
 from engine.serving.openai.protocol import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from engine.client import tracing
+from engine.serving import tracing
 from engine.serving import jsontext
 from engine.serving.deadlines import deadline, deadline_exceeded
 from engine.serving.errors import APIError, bad_request, error_response
