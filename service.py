@@ -26,7 +26,6 @@ from annotated_types import Ge
 from bentoml.exceptions import BentoMLException, NotFound
 from starlette.middleware.cors import CORSMiddleware
 
-from engine import parallel
 from engine.client.async_llm import AsyncLLM, QueueLimits
 from engine.config import EngineConfig
 from engine.models import DEFAULT_MODEL_NAME, packaged
@@ -63,6 +62,8 @@ def _claim_cores(workers: int, config: EngineConfig) -> None:
     within it), so the engines do not fight over the same cores."""
     if workers < 2 or config.device == "cuda":
         return
+    from engine import parallel
+
     index = (bentoml.server_context.worker_index or 1) - 1
     cores = sorted(os.sched_getaffinity(0))
     lo, hi = parallel.split(len(cores), workers, index % workers)

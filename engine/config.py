@@ -7,16 +7,19 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from engine import kv_groups as kv_plan
 from engine.errors import ParamError
 from engine.kv_groups import KVGroups
-from kernels.backend import AttentionBackend, select as select_backend
+
+if TYPE_CHECKING:  # torch loads where an engine is built, not where a config is only read
+    import torch
+
+    from kernels.backend import AttentionBackend
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +192,10 @@ class Placement:
 
     @classmethod
     def resolve(cls, config: EngineConfig, hf_config: Any) -> "Placement":
+        import torch
+
         from engine.models import quantize, registry
+        from kernels.backend import select as select_backend
 
         spec = registry.model_class(hf_config).spec(hf_config)
         if config.tensor_parallel_size > 1 and not spec.tp_ok:
@@ -271,6 +277,8 @@ def kv_groups(config: EngineConfig, hf_config: Any) -> KVGroups:
 
 
 def _device(name: str) -> torch.device:
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -279,6 +287,8 @@ def _device(name: str) -> torch.device:
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
+    import torch
+
     if name == "auto":
         if device.type == "cuda" or cpu_has_bf16():
             return torch.bfloat16
@@ -288,6 +298,8 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
 
 def free_device_memory(device: torch.device) -> int:
     """Bytes free on an accelerator now (tests replace this probe to stand in for a GPU)."""
+    import torch
+
     free, _total = torch.cuda.mem_get_info(device)
     return int(free)
 

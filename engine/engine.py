@@ -1,5 +1,6 @@
 """The engine core: owns the KV cache, the scheduler and the executor that runs the model,
-and runs one step at a time.
+and runs one step at a time. What the sampled tokens then do to each sequence (stops,
+forks, beams, speculation's settling) is engine/advance.py's.
 
 Single-threaded by design: the serving layer drives it from one thread and funnels
 requests and aborts into it between steps.
@@ -9,14 +10,13 @@ from __future__ import annotations
 
 import atexit
 import gc
-import hashlib
-import itertools
 import time
 from collections import deque
 
 import torch
 
-from engine import intake, spec, stopping
+from engine import intake, prompts, spec
+from engine.advance import SequenceAdvancer
 from engine.compiling import CompileWaits
 from engine.beam import BeamSearch
 from engine.config import EngineConfig, Placement
@@ -25,23 +25,14 @@ from engine.errors import ParamError
 from engine.executor import create_executor
 from engine.kv_cache_manager import KVCacheManager
 from engine.models import loader
-from engine.messages import CompletionDelta, ModelInfo, RequestDelta, StepOutput, TokenLogprobs
+from engine.messages import CompletionDelta, ModelInfo, RequestDelta, StepOutput
 from engine.request import Request
-from engine.rejection_sampler import Draft, Verdict
 from engine.runner import StepInput, StepLogits, prepare
-from engine.sampler import Sampler, SamplingRow, make_generator
+from engine.sampler import Sampler, make_generator
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch, Scheduler
-from engine.sequence import Sequence, Status
 from engine.stats import EngineStats, StatsTracker, StepStats
 from engine.structured import Grammars
-
-
-def _child_seed(seed: int, index: int) -> int:
-    if index == 0:
-        return seed
-    digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 class LLMEngine:
@@ -88,7 +79,8 @@ class LLMEngine:
             sc, draft, config, placement, resolved.num_blocks, resolved.attention_backend, self.kv_manager,
             make_generator(config.seed + 1), self.executor.runner.cores)
         self.requests: dict[str, Request] = {}
-        self._seq_ids = itertools.count()
+        self.advancer = SequenceAdvancer(self.requests, self.scheduler, self.kv_manager, self.sampler, self.grammars,
+                                         self.tokenizer, self.eos_token_ids, self.max_model_len, self.proposer)
         self.tracker = StatsTracker(self.scheduler, self.kv_manager, config.quantization,
                                     self.executor.weight_bytes(hf_config, resolved.dtype),
                                     sc.method if sc else None, sc.num_speculative_tokens if sc else 0)
@@ -108,7 +100,7 @@ class LLMEngine:
 
     # -- requests -----------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
+        return prompts.encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
 
     def add_request(
         self,
@@ -146,7 +138,7 @@ class LLMEngine:
     def _queue(self, request_id: str, token_ids: list[int], params: SamplingParams, admitted: intake.Admitted,
                cache_salt: str | None, priority: int) -> None:
         now = time.monotonic()
-        seq = self._new_seq(request_id, token_ids, params, admitted, 0, cache_salt, now)
+        seq = self.advancer.new_seq(request_id, token_ids, params, admitted, 0, cache_salt, now)
         seq.priority = priority
         req = Request(request_id, params, [seq], [Detokenizer(self.tokenizer, token_ids, params)], now,
                       pending_forks=0 if params.use_beam_search else params.n - 1)
@@ -157,14 +149,6 @@ class LLMEngine:
             seq.group = req.seqs
         self.requests[request_id] = req
         self.scheduler.add(seq)
-
-    def _new_seq(self, request_id: str, token_ids: list[int], params: SamplingParams, admitted: intake.Admitted,
-                 index: int, cache_salt: str | None, now: float) -> Sequence:
-        gen = make_generator(_child_seed(params.seed, index)) if params.seed is not None else None
-        matcher = self.grammars.matcher(params.structured) if params.structured is not None else None
-        return Sequence(next(self._seq_ids), request_id, index, token_ids, params, admitted.max_tokens,
-                        generator=gen, cache_salt=cache_salt, arrival_time=now, matcher=matcher,
-                        rules=admitted.rules)
 
     def abort(self, request_id: str) -> RequestDelta | None:
         """Stop a request now and free its blocks. Unknown or finished ids are ignored."""
@@ -178,7 +162,7 @@ class LLMEngine:
                 seq.finish_reason = "abort"
                 if req.beam is None:
                     req.delta(seq).finish_reason = "abort"
-                self._retire(seq)
+                self.advancer.retire(seq)
         if req.beam is not None:
             req.deltas = {i: CompletionDelta(i, finish_reason="abort") for i in range(req.params.n)}
         return req.take_output()
@@ -250,166 +234,7 @@ class LLMEngine:
             if req is not None and not seq.finished:  # else aborted while in flight
                 req.score_prompt(seq, first, out.prompt_logits[row:row + count])
             row += count
-        return self._sample(out, stats)
-
-    def _sample(self, out: StepLogits, stats: StepStats) -> list[RequestDelta]:
-        rows: list[SamplingRow] = []
-        row_seqs: list[Sequence] = []
-        drafts: list[Draft] = []
-        logit_rows: list[int] = []
-        beams: dict[str, Request] = {}
-        first = 0
-        for seq, n in zip(out.sampling, out.rows):
-            if not seq.finished:  # else aborted while in flight
-                req = self.requests[seq.request_id]
-                if req.beam is not None:
-                    req.beam.offer(seq, out.logits[first])
-                    beams[req.request_id] = req
-                    first += n
-                    continue
-                family = [seq, *self._fork(req, seq)] if n == 1 else [seq]
-                for s in family:
-                    spec_ids, done = s.spec_token_ids, s.output_token_ids
-                    for j in range(n):
-                        outputs = done + spec_ids[:j] if j else done
-                        rows.append(SamplingRow(s.params, s.generator, s.prompt_token_ids, outputs, s.matcher,
-                                                s.rules, spec_ids[:j]))
-                        logit_rows.append(first + j)
-                    row_seqs.append(s)
-                    drafts.append(Draft(spec_ids, s.spec_probs))
-            first += n
-        changed: dict[str, Request] = {}
-        now = time.monotonic()
-        for req in beams.values():
-            if req.beam.ready(req.seqs):  # type: ignore[union-attr]
-                self._beam_step(req, now, stats)
-                if req.finished:
-                    changed[req.request_id] = req
-        verdicts = []
-        if rows:
-            logits = out.logits if len(logit_rows) == out.logits.shape[0] else out.logits[logit_rows]
-            verdicts = self.sampler.verify(logits, rows, drafts)
-        for seq, draft, verdict in zip(row_seqs, drafts, verdicts):
-            req = self.requests[seq.request_id]
-            if draft.tokens:
-                self._settle(seq, draft, verdict, stats)
-            lps = verdict.logprobs or [None] * len(verdict.token_ids)
-            for tok, lp in zip(verdict.token_ids, lps):
-                self._append(seq, req, tok, lp, now, stats)
-                stats.generation_tokens += 1
-                if seq.finished:  # a stop inside an accepted run: nothing after it is emitted
-                    break
-            if verdict.no_token and not seq.finished:
-                self._end(seq, req, f"no token is left to sample: {intake.constraints(seq.params)} exclude "
-                          f"every token after {seq.num_output_tokens} generated")
-            elif verdict.not_finite and not seq.finished:
-                self._end(seq, req, f"the next token's scores are not finite numbers (NaN or infinity) after "
-                          f"{seq.num_output_tokens} generated: the model overflowed under these sampling settings")
-            changed[req.request_id] = req
-        outputs = []
-        for req in changed.values():
-            if req.finished:
-                del self.requests[req.request_id]
-            outputs.append(req.take_output())
-        return outputs
-
-    def _settle(self, seq: Sequence, draft: Draft, verdict: Verdict, stats: StepStats) -> None:
-        """The rejected proposals' KV positions become free to overwrite: the computed count
-        moves back by them (their slots stay the sequence's; their tokens were never hashed)."""
-        seq.num_computed_tokens -= len(draft.tokens) - verdict.num_accepted
-        seq.spec_token_ids, seq.spec_probs = [], None
-        stats.spec_drafts += 1
-        stats.spec_draft_tokens += len(draft.tokens)
-        stats.spec_accepted_tokens += verdict.num_accepted
-        for j in range(verdict.num_accepted):
-            stats.spec_accepted_per_pos[j] = stats.spec_accepted_per_pos.get(j, 0) + 1
-
-    def _fork(self, req: Request, parent: Sequence) -> list[Sequence]:
-        children = req.fork(parent, lambda i: self._new_seq(
-            req.request_id, parent.prompt_token_ids, req.params,
-            intake.Admitted(parent.max_tokens, parent.rules), i, parent.cache_salt, req.arrival_time))
-        for child in children:
-            self.kv_manager.fork(parent, child)
-            self.scheduler.add_running(child)
-        return children
-
-    def _beam_step(self, req: Request, now: float, stats: StepStats) -> None:
-        """One token for every beam: survivors fork from their parents (sharing blocks,
-        copy-on-write), beams with no survivor free their blocks at once."""
-        beam, live = req.beam, list(req.seqs)
-        assert beam is not None
-        if req.metrics.first_token_time is None:
-            req.metrics.first_token_time, req.metrics.first_scheduled_time = now, live[0].first_scheduled_time
-            stats.prompt_tokens += live[0].num_prompt_tokens
-        chosen = beam.step(live)
-        stats.generation_tokens += len(live)
-        parents = {c.parent.seq_id for c in chosen}
-        for seq in live:
-            if seq.seq_id not in parents:
-                beam.cum.pop(seq.seq_id, None)
-                self._retire(seq)
-        if beam.done:
-            req.deltas = {d.index: d for d in beam.outputs(self.tokenizer, live[0].prompt_token_ids, req.params)}
-            return
-        # A parent carries its best continuation on; the others fork from it, every fork
-        # copying the parent's tokens before any token is appended.
-        seats: list[Sequence] = []
-        for c in chosen:
-            seats.append(c.parent if all(s is not c.parent for s in seats) else self._fork_beam(req, c.parent))
-        for c, seq in zip(chosen, seats):
-            seq.token_ids.append(c.token)
-            beam.cum[seq.seq_id] = c.cum_logprob
-        req.seqs[:] = seats  # best first, as transformers orders its beams
-
-    def _fork_beam(self, req: Request, parent: Sequence) -> Sequence:
-        child = self._new_seq(req.request_id, parent.prompt_token_ids, req.params,
-                              intake.Admitted(parent.max_tokens, parent.rules), 0, parent.cache_salt, req.arrival_time)
-        child.token_ids = list(parent.token_ids)
-        child.num_computed_tokens, child.num_cached_tokens = parent.num_computed_tokens, parent.num_cached_tokens
-        child.num_preemptions, child.first_scheduled_time = parent.num_preemptions, parent.first_scheduled_time
-        child.priority, child.group = parent.priority, req.seqs
-        self.kv_manager.fork(parent, child)
-        if parent.status is Status.RUNNING:
-            self.scheduler.add_running(child)
-        else:  # preempted after its row was computed: the child waits to be recomputed with it
-            self.scheduler.add(child)
-        return child
-
-    def _append(self, seq: Sequence, req: Request, tok: int, lp: TokenLogprobs | None, now: float,
-                stats: StepStats) -> None:
-        seq.token_ids.append(tok)
-        delta = req.delta(seq)
-        delta.token_ids.append(tok)
-        if lp is not None:
-            seq.logprobs.append(lp)
-            delta.logprobs.append(lp)  # type: ignore[union-attr]
-        if req.metrics.first_token_time is None:
-            req.metrics.first_token_time = now
-            req.metrics.first_scheduled_time = seq.first_scheduled_time
-            stats.prompt_tokens += seq.num_prompt_tokens
-        if seq.matcher is not None and not seq.matcher.accept(tok):  # the mask allowed it: never expected
-            self._end(seq, req, "the structured-output grammar refused the sampled token")
-            return
-        verdict = stopping.after_token(seq, tok, req.detoks[seq.index], self.eos_token_ids, self.max_model_len)
-        delta.text += verdict.text
-        if verdict.finish_reason is not None:
-            seq.finish_reason, seq.stop_reason = verdict.finish_reason, verdict.stop_reason
-            delta.finish_reason, delta.stop_reason = verdict.finish_reason, verdict.stop_reason
-            self._retire(seq)
-
-    def _end(self, seq: Sequence, req: Request, why: str) -> None:
-        """End a sequence whose own constraints leave it nothing valid to generate: an
-        "abort" with the reason, never a made-up token."""
-        seq.finish_reason, seq.error = "abort", why
-        delta = req.delta(seq)
-        delta.text += req.detoks[seq.index].flush()
-        delta.finish_reason, delta.error = "abort", why
-        self._retire(seq)
-
-    def _retire(self, seq: Sequence) -> None:
-        self.scheduler.finish(seq)
-        if self.proposer is not None:
-            self.proposer.finish(seq)
+        return self.advancer.advance(out, stats)
 
     # -- statistics ---------------------------------------------------------------
     def gauges(self) -> StepStats:
@@ -422,8 +247,3 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> None:
         self.kv_manager.reset_prefix_cache()
-
-
-def encode_prompt(tokenizer, text: str) -> list[int]:
-    """A text prompt's token ids, special tokens (BOS) included, as transformers adds them."""
-    return tokenizer.encode(text, add_special_tokens=True)

@@ -5,13 +5,16 @@ stops on). Field values themselves were checked once, where SamplingParams was b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import ParamError
-from engine.rules import TokenRules
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # AsyncLLM's check_token_ids runs where torch is not loaded
+    import torch
+
+    from engine.rules import TokenRules
+
 
 
 @dataclass
@@ -51,6 +54,8 @@ def admit(prompt: list[int], params: SamplingParams, *, vocab_size: int, max_mod
         raise ParamError("n", f"n ({params.n}) exceeds max_num_seqs ({max_num_seqs})")
     bad_words = bad_words_ids(tokenizer, params)
     check_contradictions(params, bad_words, eos_token_ids)
+    from engine.rules import TokenRules
+
     return Admitted(max_tokens, TokenRules.of(params, bad_words, device))
 
 

@@ -15,11 +15,10 @@ the start runs with that thread's CPU set from before the pinning.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from multiprocessing.process import BaseProcess
-
-from kernels import cpu
 
 _lock = threading.Lock()
 _HIDDEN = ("__file__", "__spec__")
@@ -28,7 +27,10 @@ _HIDDEN = ("__file__", "__spec__")
 def start(proc: BaseProcess) -> None:
     """proc.start(), with the user's main module kept out of the child."""
     main = sys.modules["__main__"]
-    with _lock, cpu.unpinned():
+    # Only kernels.cpu pins threads: where it was never loaded, no thread here is pinned
+    # (and the HTTP process, which starts the engine process, need not load torch for it).
+    cpu = sys.modules.get("kernels.cpu")
+    with _lock, (cpu.unpinned() if cpu is not None else contextlib.nullcontext()):
         saved = {k: main.__dict__[k] for k in _HIDDEN if k in main.__dict__}
         main.__dict__.pop("__file__", None)
         main.__dict__["__spec__"] = None

@@ -15,9 +15,10 @@ Layouts:
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from kernels import reference
+if TYPE_CHECKING:  # the package itself loads no torch: kernels.cpu's light helpers need none
+    import torch
 
 __all__ = ["copy_blocks"]
 
@@ -27,4 +28,6 @@ def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, src: torch.Tensor,
 
     A single indexed copy is already bandwidth-bound on every device; no kernel needed.
     """
+    from kernels import reference
+
     reference.copy_blocks(k_cache, v_cache, src, dst)

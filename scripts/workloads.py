@@ -92,6 +92,6 @@ WORKLOADS = {"grounded": GROUNDED, "chat": CHAT, "questions": QUESTIONS}
 
 def prompts(tokenizer: Any, name: str) -> list[list[int]]:
     """The workload's messages as prompt token ids, through the model's chat template."""
-    from engine.llm import apply_chat_template
+    from engine.prompts import apply_chat_template
 
     return [apply_chat_template(tokenizer, [{"role": "user", "content": m}]) for m in WORKLOADS[name]]

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -162,19 +163,14 @@ def _unpin_main_thread():
 
 
 # -- the live server (tests/served.py) -------------------------------------------------------
-@pytest.fixture(scope="session")
-def bento_home(tmp_path_factory) -> Path:
-    home = tmp_path_factory.mktemp("bentoml_home")
+def _import_model(home: Path) -> None:
     out = subprocess.run([sys.executable, "scripts/import_model.py", "--if-missing"], cwd=ROOT,
                          env=offline_env(home), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    return home
 
 
-@contextlib.contextmanager
-def serving(bento_home: Path, tmp: Path, preset: str = PRESET, api_key: str = KEY):
-    """`bentoml serve` with this preset, in its own process group, until the block ends.
-    `api_key` is $LLM_API_KEY: one key, or several separated by commas."""
+def _launch(bento_home: Path, tmp: Path, preset: str, api_key: str) -> SimpleNamespace:
+    """Start `bentoml serve` with this preset in its own process group; `_ready` waits for it."""
     (tmp / "preset.yaml").write_text(preset)
     # Each server gets a BentoML home of its own that shares the model store: `bentoml serve`
     # empties its home's prometheus_multiproc_dir at start, which blanked the counters of a
@@ -189,33 +185,115 @@ def serving(bento_home: Path, tmp: Path, preset: str = PRESET, api_key: str = KE
     proc = subprocess.Popen([str(BIN / "bentoml"), "serve", "service:LLMService", "--host", "127.0.0.1",
                              "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    return SimpleNamespace(url=f"http://127.0.0.1:{port}", log=tmp / "server.log", proc=proc, log_file=log)
+
+
+def _ready(srv: SimpleNamespace, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert srv.proc.poll() is None, srv.log.read_text()[-5000:]
+        assert time.monotonic() < deadline, "server did not get ready:\n" + srv.log.read_text()[-5000:]
+        try:
+            if httpx.get(f"{srv.url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+
+
+def _stop(srv: SimpleNamespace) -> None:
+    if srv.proc.poll() is None:
+        os.killpg(srv.proc.pid, signal.SIGTERM)  # the server's own process group, nothing else
+        try:
+            srv.proc.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(srv.proc.pid, signal.SIGKILL)
+    srv.log_file.close()
+
+
+@contextlib.contextmanager
+def serving(bento_home: Path, tmp: Path, preset: str = PRESET, api_key: str = KEY):
+    """`bentoml serve` with this preset, in its own process group, until the block ends.
+    `api_key` is $LLM_API_KEY: one key, or several separated by commas."""
+    srv = _launch(bento_home, tmp, preset, api_key)
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, (tmp / "server.log").read_text()[-5000:]
-            assert time.monotonic() < deadline, "server did not get ready:\n" + (tmp / "server.log").read_text()[-5000:]
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        yield SimpleNamespace(url=url, log=tmp / "server.log", proc=proc)
+        _ready(srv)
+        yield srv
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group, nothing else
+        _stop(srv)
+
+
+class _SessionServer:
+    """The model store and the session's server, begun on a thread as the session starts:
+    its ~20 s of imports and model loading (one core's work) overlap the first tests
+    instead of holding up the first test that needs it."""
+
+    def __init__(self, home: Path, tmp: Path, start_server: bool) -> None:
+        self.home, self.tmp = home, tmp
+        self.srv: SimpleNamespace | None = None
+        self.import_error: BaseException | None = None
+        self.error: BaseException | None = None
+        self.imported = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(start_server,), name="session-server", daemon=True)
+        self._thread.start()
+
+    def _run(self, start_server: bool) -> None:
+        try:
+            _import_model(self.home)
+        except BaseException as exc:  # reported to the fixtures that wait on it
+            self.import_error = self.error = exc
+            return
+        finally:
+            self.imported.set()
+        if start_server:
             try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+                self.srv = _launch(self.home, self.tmp, PRESET, KEY)
+            except BaseException as exc:
+                self.error = exc
+
+    def model_store(self) -> Path:
+        self.imported.wait()
+        if self.import_error is not None:
+            raise self.import_error
+        return self.home
+
+    def server(self) -> SimpleNamespace:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.srv is not None
+        _ready(self.srv)
+        return self.srv
+
+    def close(self) -> None:
+        self._thread.join()
+        if self.srv is not None:
+            _stop(self.srv)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_server(request, tmp_path_factory):
+    """Begun only when a collected test will use the model store or the session's server."""
+    needs = set().union(*(item.fixturenames for item in request.session.items))
+    if "bento_home" not in needs:
+        yield None
+        return
+    state = _SessionServer(tmp_path_factory.mktemp("bentoml_home"), tmp_path_factory.mktemp("serve"),
+                           start_server="server" in needs)
+    try:
+        yield state
+    finally:
+        state.close()
 
 
 @pytest.fixture(scope="session")
-def server(bento_home, tmp_path_factory):
-    with serving(bento_home, tmp_path_factory.mktemp("serve")) as srv:
-        yield srv
+def bento_home(_session_server) -> Path:
+    return _session_server.model_store()
+
+
+@pytest.fixture(scope="session")
+def server(_session_server, bento_home):
+    return _session_server.server()
 
 
 @pytest.fixture(scope="session")

@@ -27,23 +27,26 @@ def beams(llm: LLM, prompts, width: int, max_tokens: int, **kw) -> list[list[lis
 
 
 @pytest.mark.engine
-def test_beams_equal_transformers_on_24_chat_prompts(llm, hf_default):
-    """tests/data/beam_transformers.json holds transformers' beams (scripts/beam_oracle.py
-    --write, which compares all four settings); the suite checks the two that span both
-    widths and both penalties, and recomputes one prompt with transformers itself, so the
-    file cannot drift from the oracle."""
+def test_beams_equal_transformers_on_chat_prompts(llm, hf_default):
+    """tests/data/beam_transformers.json holds transformers' beams on 24 chat prompts
+    (scripts/beam_oracle.py --write, which compares all four settings on all 24); the suite
+    checks the two settings that span both widths and both penalties on half the prompts,
+    and recomputes one prompt with transformers itself, so the file cannot drift from the
+    oracle."""
     data = json.loads(DATA.read_text())
     prompts, eos = data["prompts"], data["eos"]
     assert len(prompts) == 24 and eos == llm.engine.eos_token_ids
     checked = [s for s in data["settings"] if (s["beam_width"], s["length_penalty"]) in ((2, 1.0), (4, 0.6))]
     assert len(checked) == 2
+    half = slice(0, 24, 2)
     for setting in checked:
         width, lp = setting["beam_width"], setting["length_penalty"]
-        got = beams(llm, prompts, width, data["max_new_tokens"], length_penalty=lp, early_stopping=True)
-        best = sum(g[0] == w[0] for g, w in zip(got, setting["beams"]))
-        same = sum(sorted(map(tuple, g)) == sorted(map(tuple, w)) for g, w in zip(got, setting["beams"]))
-        assert best >= 22 and same >= 20, (width, lp, best, same)
-    setting, i = checked[1], 17
+        got = beams(llm, prompts[half], width, data["max_new_tokens"], length_penalty=lp, early_stopping=True)
+        want = setting["beams"][half]
+        best = sum(g[0] == w[0] for g, w in zip(got, want))
+        same = sum(sorted(map(tuple, g)) == sorted(map(tuple, w)) for g, w in zip(got, want))
+        assert best >= 11 and same >= 10, (width, lp, best, same)
+    setting, i = checked[1], 0  # its search ends soonest: 1.6 s of transformers against 5.4 for prompt 17
     live, _ = hf_beams(hf_default, prompts[i], setting["beam_width"], setting["length_penalty"], eos,
                        data["max_new_tokens"])
     assert live == setting["beams"][i]

@@ -56,3 +56,20 @@ def test_the_check_sees_an_upward_import(tmp_path):
     module = tmp_path / "x.py"
     module.write_text("def f():\n    from engine.serving.app import create_app\n    import prometheus_client\n")
     assert {"engine.serving.app", "prometheus_client"} <= imported(module)
+
+
+def test_the_http_process_imports_no_torch_and_no_model():
+    """`bentoml serve` imports service.py twice (its CLI, then each worker) and the engine
+    runs in a process of its own: loading torch and every model there cost each import
+    about 3 s, a server's start 17 s instead of 8 (benchmarks/RESULTS.md, session 26)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, service\n"
+            "heavy = sorted(m for m in ('torch', 'engine.engine', 'engine.models.registry', 'engine.runner') "
+            "if m in sys.modules)\n"
+            "assert not heavy, heavy\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PAGEDSERVE_CONFIG": str(ROOT / "config/default.yaml")})
+    assert out.returncode == 0, out.stderr[-3000:]

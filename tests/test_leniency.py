@@ -111,7 +111,7 @@ def test_request_ids_version_and_the_swagger_document(http, server):
 def test_chat_template_kwargs_reach_the_template(default_model_dir):
     from transformers import AutoTokenizer
 
-    from engine.llm import apply_chat_template
+    from engine.prompts import apply_chat_template
 
     tok = AutoTokenizer.from_pretrained(default_model_dir)
     tok.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -129,7 +129,7 @@ def test_chat_template_kwargs_never_reach_the_tokenizer(default_model_dir, kwarg
     from transformers import AutoTokenizer
 
     from engine.errors import ParamError
-    from engine.llm import apply_chat_template
+    from engine.prompts import apply_chat_template
 
     tok = AutoTokenizer.from_pretrained(default_model_dir)
     with pytest.raises(ParamError, match="template variables only") as err:
@@ -142,7 +142,7 @@ def test_a_template_that_raises_is_the_requests_error(default_model_dir):
     from transformers import AutoTokenizer
 
     from engine.errors import ParamError
-    from engine.llm import apply_chat_template
+    from engine.prompts import apply_chat_template
 
     tok = AutoTokenizer.from_pretrained(default_model_dir)
     tok.chat_template = "{% if strict %}{{ raise_exception('strict mode refuses this') }}{% endif %}x"

@@ -92,7 +92,7 @@ def test_parallel_samples_share_the_prompt_blocks(tokenizer):
 def test_forked_samples_match_independent_requests(tokenizer):
     """Copy-on-write must keep forked samples apart: sample i of an n=3 request equals a
     lone request that uses sample i's seed, so no sample ever saw another's KV."""
-    from engine.engine import _child_seed
+    from engine.advance import _child_seed
 
     llm = LLM(None, dtype="float32", max_model_len=256, kv_cache_memory_bytes=60 * 737280,
               enable_prefix_caching=False)

@@ -28,7 +28,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -36,12 +36,15 @@ from engine import intake
 from engine.client.admission import Admission, QueueFullError, QueueLimits
 from engine.client.core_client import DrainingError, ProcessClient, ThreadClient
 from engine.client.observers import RequestTracer, StepObserver
-from engine.config import EngineConfig
-from engine.engine import LLMEngine, encode_prompt
 from engine.errors import EngineDeadError, ParamError
 from engine.messages import AddRequest, CompletionDelta, ModelInfo, RequestDelta, RequestMetrics, StepOutput, TokenLogprobs
 from engine.models import loader
+from engine.prompts import encode_prompt
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the engine runs in its own process: this one needs neither torch nor the models
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -143,8 +146,8 @@ class AsyncLLM:
         else:
             assert config is not None, "AsyncLLM needs an engine or a config"
             self.engine = None
-            tokenizer = loader.load_tokenizer(loader.resolve(config.model))
-            self._core = ProcessClient(config, tokenizer, *callbacks)
+            files = loader.resolve(config.model)  # a GGUF converts here once, before the engine process looks
+            self._core = ProcessClient(config, lambda: loader.load_tokenizer(files), *callbacks)
         if metrics is not None:
             cfg = config if config is not None else engine.config  # type: ignore[union-attr]
             metrics.record_start(self._core.last_stats, cfg.block_size, cfg.dtype, cfg.enable_prefix_caching)

@@ -27,17 +27,18 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine import spawn
 from engine.client import wire
-from engine.config import EngineConfig
-from engine.core import EngineCore, died
-from engine.engine import LLMEngine
 from engine.errors import EngineDeadError
 from engine.messages import (AbortRequest, Added, AddRequest, Command, Died, Event, GetStats, ModelInfo, Ready,
                              StatsReply, StepOutput, Stop, Stopped)
 from engine.stats import EngineStats
+
+if TYPE_CHECKING:  # the engine itself loads where it runs: the HTTP process needs neither torch nor models
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,8 @@ class ThreadClient(EngineCoreClient):
         self.tokenizer = engine.tokenizer
         self.info = engine.info()
         self._cmds: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        from engine.core import EngineCore
+
         self._core = EngineCore(engine, self.dispatch)
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
@@ -176,6 +179,8 @@ class ThreadClient(EngineCoreClient):
         try:
             self._core.run(self._take)
         except BaseException as exc:  # noqa: BLE001 - whatever kills the loop must reach the waiters
+            from engine.core import died
+
             self.dispatch(died(exc))
         finally:
             self.engine.shutdown()
@@ -190,10 +195,9 @@ class ProcessClient(EngineCoreClient):
     """EngineCore in a child process, spoken to over a pipe; a reader thread here
     dispatches its events."""
 
-    def __init__(self, config: EngineConfig, tokenizer: Any, on_added: OnAdded, on_step: OnStep,
+    def __init__(self, config: EngineConfig, load_tokenizer: Callable[[], Any], on_added: OnAdded, on_step: OnStep,
                  on_dead: OnDead, start_timeout: float = 600.0) -> None:
         super().__init__(on_added, on_step, on_dead)
-        self.tokenizer = tokenizer
         ctx = mp.get_context("spawn")  # fork would copy this process's threads and locks
         self._conn, child = ctx.Pipe(duplex=True)
         # Not a daemon: a parallel engine starts its worker processes from there, which
@@ -202,6 +206,13 @@ class ProcessClient(EngineCoreClient):
         spawn.start(self._proc)  # never re-runs the user's script in the engine process
         mp.util.Finalize(self, _stop_at_exit, args=(self._conn, self._proc), exitpriority=10)
         child.close()
+        # The tokenizer loads here while the engine process imports and builds its model.
+        try:
+            self.tokenizer = load_tokenizer()
+        except BaseException:
+            self._proc.kill()
+            self._proc.join(5)
+            raise
         if not self._conn.poll(start_timeout):
             self._proc.kill()
             raise EngineDeadError(f"the engine process did not start within {start_timeout:.0f}s")
@@ -273,6 +284,8 @@ def run_core(config: EngineConfig, conn: Connection) -> None:
     SIGTERM is ignored here: a rollout signals the whole process group, and the parent,
     which drains its requests first, is the one that decides when the engine stops."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from engine.core import EngineCore, died
+    from engine.engine import LLMEngine
 
     def emit(event: Event) -> None:
         conn.send_bytes(wire.encode(event))

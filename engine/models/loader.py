@@ -18,18 +18,21 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
-
-from engine.models import DEFAULT_GGUF_FILE, DEFAULT_HF_ID, DEFAULT_MODEL_NAME, default_model_path
-from engine import parallel
 from engine.errors import ParamError
-from engine.models import gguf_config, packaged, packed_linear, registry
-from engine.models.decoder import DecoderForCausalLM
+from engine.models import DEFAULT_GGUF_FILE, DEFAULT_HF_ID, DEFAULT_MODEL_NAME, default_model_path, packaged
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+    from engine import parallel
+    from engine.models.decoder import DecoderForCausalLM
+
+# torch, transformers' model code and the model registry load in the functions that build
+# or convert a model: finding a model and its tokenizer (what the HTTP process does) needs
+# none of them, and importing them cost that process and the CLI seconds each.
 
 CONVERSION = 3  # 2: configs restored by gguf_config; 3: a generation_config.json of its stop tokens
 __all__ = ["DEFAULT_MODEL_NAME", "ModelFiles", "resolve", "load_config", "load_tokenizer", "build_model"]
@@ -126,8 +129,12 @@ def _remove_stale_tmp(root: Path) -> None:
 
 def convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantize a GGUF file into an HF directory (config, tokenizer, fp32 safetensors)."""
-    from transformers import AutoModelForCausalLM
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from engine.models import gguf_config, registry
 
     config = gguf_config.restore(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
     registry.text_config(config)  # refuses an architecture we cannot serve, before any work
@@ -163,6 +170,10 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 def load_config(files: ModelFiles) -> PretrainedConfig:
     """The decoder's config: a multimodal checkpoint's text part; a ParamError naming an
     architecture that is not served."""
+    from transformers import AutoConfig
+
+    from engine.models import registry
+
     return registry.text_config(AutoConfig.from_pretrained(files.path))
 
 
@@ -216,11 +227,15 @@ def hf_id(files: ModelFiles) -> str | None:
 
 
 def load_tokenizer(files: ModelFiles) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(files.path)
 
 
 def iter_weights(files: ModelFiles) -> Iterator[tuple[str, object]]:
     """Every checkpoint tensor as a lazy safetensors slice: each rank reads only its part."""
+    from safetensors import safe_open
+
     shards = sorted(files.path.glob("*.safetensors"))
     if not shards:
         raise ValueError(f"no *.safetensors files in {files.path}")
@@ -247,6 +262,10 @@ def build_model(
     `fused` (CPU, with the native kernels built) swaps eager elementwise chains for fused ops.
     `quantization` (engine/models/quantize.py) then swaps every GEMM weight and the
     embedding for quantized ones, releasing the fp32 tensors."""
+    import torch
+
+    from engine.models import packed_linear, registry
+
     torch.manual_seed(seed)
     with torch.device(device), _no_init():
         model = registry.model_class(config)(config, max_positions, dist)
@@ -285,6 +304,8 @@ def _no_init() -> Iterator[None]:
     then overwritten: by the checkpoint (weights.load refuses one that leaves a parameter
     unwritten) or by the dummy fill. Skipping the draws took a SmolLM2-135M engine's build from
     2.0 to 1.2 s; they grow with the model (a 1.7B one draws 1.7 billion numbers)."""
+    import torch
+
     saved = {name: getattr(torch.nn.init, name) for name in _INITS}
     for name in _INITS:
         setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
@@ -299,6 +320,10 @@ def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int:
     """The bytes a model's weights take in `dtype`, from its config alone: what a rank
     still to load will take of its device, before any of it exists. An expert layer holds
     every expert (and its router and shared expert) in place of the dense MLP."""
+    import torch
+
+    from engine.models import registry
+
     h, v, inter = config.hidden_size, config.vocab_size, config.intermediate_size
     hd = getattr(config, "head_dim", None) or h // config.num_attention_heads
     q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd

@@ -22,8 +22,7 @@ from typing import Any
 
 from engine.client.admission import Offload
 from engine.client.async_llm import AsyncLLM, StreamOutput
-from engine.engine import encode_prompt
-from engine.llm import apply_chat_template
+from engine.prompts import apply_chat_template, encode_prompt
 from engine.sampling_params import Constraint, SamplingParams
 from engine.serving import tenancy
 from engine.serving.errors import APIError, bad_request, to_api_error
