@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -223,77 +222,17 @@ def serving(bento_home: Path, tmp: Path, preset: str = PRESET, api_key: str = KE
         _stop(srv)
 
 
-class _SessionServer:
-    """The model store and the session's server, begun on a thread as the session starts:
-    its ~20 s of imports and model loading (one core's work) overlap the first tests
-    instead of holding up the first test that needs it."""
-
-    def __init__(self, home: Path, tmp: Path, start_server: bool) -> None:
-        self.home, self.tmp = home, tmp
-        self.srv: SimpleNamespace | None = None
-        self.import_error: BaseException | None = None
-        self.error: BaseException | None = None
-        self.imported = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(start_server,), name="session-server", daemon=True)
-        self._thread.start()
-
-    def _run(self, start_server: bool) -> None:
-        try:
-            _import_model(self.home)
-        except BaseException as exc:  # reported to the fixtures that wait on it
-            self.import_error = self.error = exc
-            return
-        finally:
-            self.imported.set()
-        if start_server:
-            try:
-                self.srv = _launch(self.home, self.tmp, PRESET, KEY)
-            except BaseException as exc:
-                self.error = exc
-
-    def model_store(self) -> Path:
-        self.imported.wait()
-        if self.import_error is not None:
-            raise self.import_error
-        return self.home
-
-    def server(self) -> SimpleNamespace:
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        assert self.srv is not None
-        _ready(self.srv)
-        return self.srv
-
-    def close(self) -> None:
-        self._thread.join()
-        if self.srv is not None:
-            _stop(self.srv)
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _session_server(request, tmp_path_factory):
-    """Begun only when a collected test will use the model store or the session's server."""
-    needs = set().union(*(item.fixturenames for item in request.session.items))
-    if "bento_home" not in needs:
-        yield None
-        return
-    state = _SessionServer(tmp_path_factory.mktemp("bentoml_home"), tmp_path_factory.mktemp("serve"),
-                           start_server="server" in needs)
-    try:
-        yield state
-    finally:
-        state.close()
+@pytest.fixture(scope="session")
+def bento_home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("bentoml_home")
+    _import_model(home)
+    return home
 
 
 @pytest.fixture(scope="session")
-def bento_home(_session_server) -> Path:
-    return _session_server.model_store()
-
-
-@pytest.fixture(scope="session")
-def server(_session_server, bento_home):
-    return _session_server.server()
+def server(bento_home, tmp_path_factory):
+    with serving(bento_home, tmp_path_factory.mktemp("serve")) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="session")

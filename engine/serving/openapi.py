@@ -15,8 +15,10 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from engine.serving.openai.protocol import (
-    ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, DetokenizeRequest,
-    DetokenizeResponse, ErrorResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ErrorResponse, TokenizeRequest,
+)
+from engine.serving.openai.replies import (
+    ChatCompletionResponse, CompletionResponse, DetokenizeResponse, ModelCard, ModelList, TokenizeResponse,
 )
 from engine.serving.responses.protocol import Response, ResponseDeleted, ResponsesRequest
 

@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING
 from engine.client.async_llm import StreamOutput
 from engine.serving.errors import bad_request
 from engine.serving.openai import logprobs as lp_format
-from engine.serving.openai.protocol import (
-    CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest, CompletionResponse, random_id,
-)
+from engine.serving.openai.protocol import CompletionRequest, random_id
+from engine.serving.openai.replies import CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionResponse
 from engine.serving.openai.streams import DONE, Choice, Started, absorb, collect, merge, prompt_list, sse, usage
 
 if TYPE_CHECKING:

@@ -29,10 +29,11 @@ from engine.serving.errors import APIError, bad_request, to_api_error
 from engine.serving.openai.constraints import structured_output, token_keys
 from engine.serving.openai.logprobs import LogprobFormatter
 from engine.serving.openai.protocol import (
-    ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatMessage,
-    ChatResponseMessage, ChatStreamChoice, DeltaFunctionCall, DeltaMessage, DeltaToolCall, DetokenizeRequest,
-    DetokenizeResponse, ModelCard, ModelList, SamplingFields, TokenizeRequest, TokenizeResponse, Tool, ToolCall,
-    UsageInfo, random_id,
+    ChatCompletionRequest, ChatMessage, DetokenizeRequest, SamplingFields, TokenizeRequest, Tool, ToolCall, random_id,
+)
+from engine.serving.openai.replies import (
+    ChatChoice, ChatCompletionChunk, ChatCompletionResponse, ChatResponseMessage, ChatStreamChoice, DeltaFunctionCall,
+    DeltaMessage, DeltaToolCall, DetokenizeResponse, ModelCard, ModelList, TokenizeResponse, UsageInfo,
 )
 from engine.serving.openai.streams import DONE, Choice, Started, absorb, chain, collect, sse, usage
 from engine.serving.reasoning import ReasoningParserName

@@ -8,7 +8,7 @@ from typing import Any
 
 from engine.client.async_llm import StreamOutput
 from engine.messages import TokenLogprobs
-from engine.serving.openai.protocol import (
+from engine.serving.openai.replies import (
     ChatChoiceLogprobs, ChatTokenLogprob, CompletionLogprobs, PromptLogprob, PromptLogprobs, TopLogprob,
 )
 

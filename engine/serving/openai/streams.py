@@ -15,7 +15,7 @@ from typing import Any
 from engine.client.async_llm import StreamOutput
 from engine.messages import CompletionDelta, TokenLogprobs
 from engine.serving.errors import bad_request
-from engine.serving.openai.protocol import PromptTokensDetails, UsageInfo
+from engine.serving.openai.replies import PromptTokensDetails, UsageInfo
 
 DONE = "data: [DONE]\n\n"
 Started = tuple[StreamOutput, AsyncIterator[StreamOutput]]

@@ -26,8 +26,8 @@ from engine.serving import jsontext
 from engine.serving.errors import APIError, bad_request
 from engine.serving.openai.handlers import OpenAIServing
 from engine.serving.openai.protocol import (
-    ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDef, FunctionName, JSONSchemaFormat,
-    NamedToolChoice, ResponseFormat, Tool, ToolCall,
+    ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDef, FunctionName, JSONSchemaFormat, NamedToolChoice,
+    ResponseFormat, Tool, ToolCall,
 )
 from engine.serving.openai.streams import Choice, absorb, chain, collect, usage
 from engine.serving.responses.protocol import (
