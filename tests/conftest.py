@@ -66,6 +66,8 @@ def pytest_collection_modifyitems(config, items) -> None:
         tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
         if len(tiers) != 1:
             raise pytest.UsageError(f"{item.nodeid} must be marked with exactly one of {TIERS}, has {sorted(tiers)}")
+    # tests/test_drain.py stops the session's server (SIGTERM, then checks it drained): last.
+    items.sort(key=lambda item: item.nodeid.startswith("tests/test_drain.py"))
 
 
 def make_prompts(tokenizer, count: int, length: int) -> list[list[int]]:

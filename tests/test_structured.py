@@ -39,13 +39,12 @@ class Place(BaseModel):
     tags: list[Annotated[str, Field(max_length=16)]] = Field(max_length=3)
 
 
-TOPICS = ["a bakery", "a museum", "a park", "a library", "a cafe", "a stadium", "a school", "a harbour",
-          "a hotel", "a cinema", "a bookshop", "a zoo", "a market", "a theatre", "a gym", "a bridge",
-          "a castle", "a beach", "a garden", "a train station"]
+TOPICS = ["a bakery", "a museum", "a park", "a library", "a cafe", "a stadium", "a harbour", "a cinema",
+          "a castle", "a train station"]
 
 
 @pytest.mark.served
-def test_parse_returns_a_valid_object_for_twenty_prompts(client):
+def test_parse_returns_a_valid_object_for_ten_prompts(client):
     def ask(topic: str):
         return client.chat.completions.parse(
             model=MODEL, messages=[{"role": "user", "content": f"Describe {topic} as JSON."}],

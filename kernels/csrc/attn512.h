@@ -16,7 +16,7 @@
 #include <limits>
 #include <type_traits>
 
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include "vec.h"
 

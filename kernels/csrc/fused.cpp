@@ -3,7 +3,7 @@
 // end, in the same order as transformers' Llama (residual add in the model dtype,
 // RMSNorm statistics in fp32, the weight applied after rounding back).
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 
 #include <pthread.h>

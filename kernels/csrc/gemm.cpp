@@ -12,7 +12,7 @@
 // (gemm_pack_glu) and writes silu(gate) * up from the accumulators: the MLP's [M, 2 I]
 // product is never stored.
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -11,7 +11,7 @@
 // bounds every row's keys from below as well as above; decode items simply start at the
 // window's first key.
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>

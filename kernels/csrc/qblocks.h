@@ -3,7 +3,7 @@
 // both kernels are written in (16 floats with AVX-512, 8 with AVX2).
 #pragma once
 
-#include <ATen/ATen.h>
+#include "aten.h"
 
 #include <cstdint>
 #include <cstring>

@@ -9,7 +9,7 @@
 // - Otherwise (prefill, large batches, the K-quants, the portable build): qgemm.cpp's
 //   many-rows kernel.
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 
 #include <cstdint>

@@ -3,7 +3,7 @@
 // is unchanged). torch's took 0.9 ms a step on average over the offline workload (torch
 // profiler); here the rows are split over the threads and read sixteen lanes at a time.
 #include <torch/library.h>
-#include <ATen/ATen.h>
+#include "aten.h"
 #include <ATen/Parallel.h>
 
 #include <cmath>
