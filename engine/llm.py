@@ -40,12 +40,14 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in input order."""
+        """Generate for every prompt; outputs come back in input order. Without `params`,
+        the model's own defaults (`get_default_sampling_params()`), as the service gives a
+        request that sets nothing."""
         self._check_alive()
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         if params is None:
-            params = SamplingParams()
+            params = self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         elif len(params) != len(prompts):
@@ -73,6 +75,13 @@ class LLM:
         """Beam search for every prompt, inside the engine (engine/beam.py): each output
         holds all beam_width finished beams, best first by cum_logprob / len ** length_penalty."""
         return [BeamSearchOutput.of(out) for out in self.generate(prompts, params.sampling_params(), use_tqdm)]
+
+    def get_default_sampling_params(self, **fields: Any) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json values (temperature, top_p,
+        top_k, min_p, repetition_penalty) for what `fields` leaves out: what the service
+        applies to a request's unset fields, so the same request gives the same output
+        offline and served (vLLM's `generation_config="auto"`)."""
+        return SamplingParams(**{**self.engine.sampling_defaults, **fields})
 
     def chat(
         self,

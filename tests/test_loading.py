@@ -159,8 +159,9 @@ def test_bf16_greedy_departs_from_fp32_only_at_near_ties(tokenizer):
     near-tie. (Measured on this set with the native bf16 GEMM and the tiled prefill
     attention: 13 of 16 prompts agree on all 32 tokens; the 3 departures all go to the
     runner-up, at gaps of 0.02 to 0.07 nats. One build along the way sent one to fp32's
-    third choice, 0.19 nats below, hence the top five.)"""
-    prompts = make_prompts(tokenizer, 16, 48)
+    third choice, 0.19 nats below, hence the top five. The suite runs the first 10: bf16
+    is emulated on AVX2 CPUs, where 16 took 15 s.)"""
+    prompts = make_prompts(tokenizer, 10, 48)
     p = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=5)
     fp32 = [o.outputs[0] for o in LLM(dtype="float32", max_model_len=256).generate(prompts, p, use_tqdm=False)]
     bf16 = [o.outputs[0] for o in LLM(dtype="bfloat16", max_model_len=256).generate(prompts, p, use_tqdm=False)]
@@ -173,7 +174,7 @@ def test_bf16_greedy_departs_from_fp32_only_at_near_ties(tokenizer):
         top = dict(a.logprobs[i].top)
         chosen = top[a.token_ids[i]]
         assert b.token_ids[i] in top and chosen - top[b.token_ids[i]] <= 0.25, (i, a.logprobs[i].top, b.token_ids[i])
-    assert whole >= 8, whole
+    assert whole >= 5, whole
 
 
 def test_without_a_compiler_the_engine_warns_once_and_keeps_the_torch_path(tiny_model_factory, monkeypatch,

@@ -184,7 +184,8 @@ def test_a_non_ascii_key_matches_as_the_utf8_bytes_a_client_sends(monkeypatch):
 @pytest.mark.served
 def test_unset_sampling_fields_take_the_models_generation_config(tiny_model_factory):
     """As vLLM's `--generation-config auto`: temperature, top_p, top_k, min_p and
-    repetition_penalty come from generation_config.json when the request leaves them out."""
+    repetition_penalty come from generation_config.json when the request leaves them out,
+    served and offline alike, so the same request gives the same output in both."""
     import json
 
     from starlette.testclient import TestClient
@@ -211,6 +212,14 @@ def test_unset_sampling_fields_take_the_models_generation_config(tiny_model_fact
         texts = {tc.post("/v1/completions", json=body).json()["choices"][0]["text"] for _ in range(3)}
         assert len(texts) == 1  # greedy from the model's config, with no seed in sight
     llm.shutdown()
+    # The same request offline gets the same defaults, so the same text.
+    from engine import LLM
+
+    offline = LLM(str(path), dtype="float32", max_model_len=128, kv_cache_memory_bytes=64 * 8192)
+    defaults = offline.get_default_sampling_params(max_tokens=12, ignore_eos=True)
+    assert defaults.temperature == 0.0 and defaults.top_k == 5
+    assert offline.generate("hello there", defaults, use_tqdm=False)[0].outputs[0].text == texts.pop()
+    assert offline.get_default_sampling_params(temperature=0.7).temperature == 0.7
 
 
 @pytest.mark.unit
