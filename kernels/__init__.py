@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the package itself loads no torch: kernels.cpu's light helpers need none
+if TYPE_CHECKING:  # importing the package loads no torch; each module loads it where it runs
     import torch
 
 __all__ = ["copy_blocks"]
