@@ -164,14 +164,19 @@ def _unpin_main_thread():
 
 
 # -- the live server (tests/served.py) -------------------------------------------------------
-def _import_model(home: Path) -> None:
+@pytest.fixture(scope="session")
+def bento_home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("bentoml_home")
     out = subprocess.run([sys.executable, "scripts/import_model.py", "--if-missing"], cwd=ROOT,
                          env=offline_env(home), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+    return home
 
 
-def _launch(bento_home: Path, tmp: Path, preset: str, api_key: str) -> SimpleNamespace:
-    """Start `bentoml serve` with this preset in its own process group; `_ready` waits for it."""
+@contextlib.contextmanager
+def serving(bento_home: Path, tmp: Path, preset: str = PRESET, api_key: str = KEY):
+    """`bentoml serve` with this preset, in its own process group, until the block ends.
+    `api_key` is $LLM_API_KEY: one key, or several separated by commas."""
     (tmp / "preset.yaml").write_text(preset)
     # Each server gets a BentoML home of its own that shares the model store: `bentoml serve`
     # empties its home's prometheus_multiproc_dir at start, which blanked the counters of a
@@ -186,49 +191,27 @@ def _launch(bento_home: Path, tmp: Path, preset: str, api_key: str) -> SimpleNam
     proc = subprocess.Popen([str(BIN / "bentoml"), "serve", "service:LLMService", "--host", "127.0.0.1",
                              "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
-    return SimpleNamespace(url=f"http://127.0.0.1:{port}", log=tmp / "server.log", proc=proc, log_file=log)
-
-
-def _ready(srv: SimpleNamespace, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert srv.proc.poll() is None, srv.log.read_text()[-5000:]
-        assert time.monotonic() < deadline, "server did not get ready:\n" + srv.log.read_text()[-5000:]
-        try:
-            if httpx.get(f"{srv.url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-
-
-def _stop(srv: SimpleNamespace) -> None:
-    if srv.proc.poll() is None:
-        os.killpg(srv.proc.pid, signal.SIGTERM)  # the server's own process group, nothing else
-        try:
-            srv.proc.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(srv.proc.pid, signal.SIGKILL)
-    srv.log_file.close()
-
-
-@contextlib.contextmanager
-def serving(bento_home: Path, tmp: Path, preset: str = PRESET, api_key: str = KEY):
-    """`bentoml serve` with this preset, in its own process group, until the block ends.
-    `api_key` is $LLM_API_KEY: one key, or several separated by commas."""
-    srv = _launch(bento_home, tmp, preset, api_key)
+    url = f"http://127.0.0.1:{port}"
     try:
-        _ready(srv)
-        yield srv
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None, (tmp / "server.log").read_text()[-5000:]
+            assert time.monotonic() < deadline, "server did not get ready:\n" + (tmp / "server.log").read_text()[-5000:]
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        yield SimpleNamespace(url=url, log=tmp / "server.log", proc=proc)
     finally:
-        _stop(srv)
-
-
-@pytest.fixture(scope="session")
-def bento_home(tmp_path_factory) -> Path:
-    home = tmp_path_factory.mktemp("bentoml_home")
-    _import_model(home)
-    return home
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group, nothing else
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
 
 
 @pytest.fixture(scope="session")
