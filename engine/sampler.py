@@ -268,7 +268,7 @@ def top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> to
     probability, renormalised over those, reaches top_p; ties keep the lower id, so
     top_k=1 picks exactly what argmax picks.
 
-    The same sets as sorting the whole vocabulary (tests/test_sampler.py keeps that
+    The same sets as sorting the whole vocabulary (tests/unit/test_sampler.py keeps that
     reference), without the sort, which cost 130 ms at 64 rows: top_p is decided on each
     row's most likely 64 tokens, and only rows whose set is not closed there look at 16
     times more, up to the whole vocabulary.

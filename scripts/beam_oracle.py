@@ -8,7 +8,7 @@ setting, on how many prompts the best beam and the set of all W beams are equal,
 for every difference where it starts and both sides' scores.
 
 `--write` saves transformers' beams to tests/data/beam_transformers.json, which
-tests/test_beam.py checks the engine against (and re-checks a few against transformers
+tests/engine/test_beam.py checks the engine against (and re-checks a few against transformers
 itself, so the file cannot drift from the oracle).
 
     python scripts/beam_oracle.py            # compare, print the table

@@ -3,7 +3,7 @@
 kernels.cpu.keep_freed_memory, each side in fresh processes and alternated. The count is
 a side effect the host shares in (a kernel that pages out cold memory, DAMON's pageout
 scheme for one, adds faults from outside), so it belongs here and not in a unit test;
-tests/test_engine.py checks the allocator setting itself.
+tests/engine/test_engine.py checks the allocator setting itself.
 
     python scripts/bench_page_faults.py [--model DIR] [--rounds 3]
 
@@ -41,7 +41,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 def tiny_model(path: Path) -> Path:
     sys.path.insert(0, str(ROOT))
     from engine.models import loader
-    from tests.conftest import build_tiny_model
+    from tests.support.tiny_models import build_tiny_model
 
     return build_tiny_model(path, loader.resolve(None).path, num_hidden_layers=4, hidden_size=128,
                             num_attention_heads=2, num_key_value_heads=1, intermediate_size=256)

@@ -3,7 +3,7 @@
 The load generator shares the server's cores, so every microsecond it spends on an
 event is taken from the server it measures. httpx parses each streamed chunk through
 several layers of Python (httpcore, h11, its line decoder): at c=64 it took 131-150 us
-of CPU per streamed token, this client 73-79 (session 20, benchmarks/RESULTS.md). It
+of CPU per streamed token, this client 73-79 (session 20, benchmarks/LOG.md). It
 does one POST per connection and reads the body with plain asyncio streams, splitting
 the chunked framing and the SSE events with bytes methods. It speaks just what the
 benchmark needs (http://, a JSON body, a chunked or close-delimited streaming reply)."""

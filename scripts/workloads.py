@@ -59,7 +59,7 @@ CHAT = [
     "What should I pack for a week-long trip to the beach?",
 ]
 
-# Short questions with short answers, for beam search against transformers (tests/test_beam.py).
+# Short questions with short answers, for beam search against transformers (tests/engine/test_beam.py).
 QUESTIONS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",

@@ -6,7 +6,7 @@ freezing pass emits) runs 2-3x faster here. On CPUs with AVX-512 the native pane
 (kernels/csrc/gemm.cpp) replaces oneDNN, in fp32 and (with AVX512_BF16) in bf16: at the
 1-64 rows of decode steps 1.0-2.0x oneDNN's rate in fp32 and 1.1-3.3x in bf16, level
 from 256 rows up (`scripts/bench_gemm.py`); in fp32 the offline workload runs level
-with oneDNN (RESULTS.md, session 16). The packed weight is opaque, so the original
+with oneDNN (benchmarks/LOG.md, session 16). The packed weight is opaque, so the original
 stays for loading and for the weight-tied embedding.
 """
 

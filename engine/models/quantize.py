@@ -77,7 +77,7 @@ def auto(config: Any) -> str | None:
     activations are fp32 anyway (dtype float32, or auto on a CPU without native bf16), on
     one CPU process, when every GEMM tensor has a kernel; None (the dense weights)
     otherwise. There the blocks decode about 3x faster than fp32 and prefill and large
-    batches run as fast (benchmarks/RESULTS.md); where the CPU has native bf16, the dense
+    batches run as fast (benchmarks/LOG.md); where the CPU has native bf16, the dense
     bf16 GEMMs outrun fp32-activation ones 1.5x at 64 requests, so dense wins."""
     from engine.config import _device, _dtype
     from engine.models import loader

@@ -105,7 +105,7 @@ def _check_str(s: str, entry: _Node) -> None:
 async def loads_async(text: bytes, field: str | None = None, what: str = "the request body") -> Any:
     """`loads`, on a worker thread when the text is large: parsing and checking megabytes
     takes long enough for the event loop's other requests to notice (7 MiB of chat
-    messages 0.28 s, 5 MiB of numbers 2.7 s, on the AVX2 VM of benchmarks/RESULTS.md)."""
+    messages 0.28 s, 5 MiB of numbers 2.7 s, on the AVX2 VM of benchmarks/LOG.md)."""
     if len(text) <= OFF_LOOP_BYTES:
         return loads(text, field, what)
     return await asyncio.to_thread(loads, text, field, what)

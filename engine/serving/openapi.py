@@ -2,7 +2,7 @@
 
 Request bodies use the models' validation schemas (strict, no unknown fields), responses
 their serialization schemas, and every documented error status OpenAI's error object, so
-a client generator, a gateway or a fuzzer (tests/test_openapi.py runs schemathesis)
+a client generator, a gateway or a fuzzer (tests/served/test_openapi.py runs schemathesis)
 sees exactly what the server accepts and answers.
 """
 

@@ -1,0 +1,154 @@
+"""GGUF files of every architecture llama.cpp converts (Qwen2, Qwen3, Gemma 2, Gemma 3,
+Phi-3): tiny ones written as llama.cpp's converter writes them, loaded by the engine and
+run greedy in fp32 against transformers on the checkpoint they were written from; and
+with `quantization: gguf`, computing on the file's Q8_0 blocks, against the engine on the
+same file's dequantized values."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine import LLM
+from engine.errors import ParamError
+from tests.support import arch_models, gguf_files
+from tests.support.oracle import engine_greedy, hf_greedy
+
+
+# What a GGUF carries of each architecture: no windows on Qwen (llama.cpp writes none), and
+# Gemma 3's fixed pattern (five local layers, then a global one) with the local layers on
+# llama.cpp's fixed base.
+GGUF_OVERRIDES = {
+    "qwen2": dict(use_sliding_window=False, sliding_window=None),
+    "qwen3": dict(use_sliding_window=False, sliding_window=None, rope_scaling=None),
+    "gemma2": dict(query_pre_attn_scalar=16),
+    "gemma3_text": dict(query_pre_attn_scalar=16, rope_local_base_freq=10000.0, layer_types=None,
+                        num_hidden_layers=6),
+    "phi3": dict(),
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _conversions_in_this_run(tmp_path_factory):
+    """These files are written afresh by each run: their fp32 conversions stay in the run's
+    temporary directory, which pytest removes, rather than piling up in the user's cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PAGEDSERVE_CACHE", str(tmp_path_factory.mktemp("pagedserve-cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory, default_model_dir):
+    made = {}
+
+    def make(model_type: str, qtype: str = "F32"):
+        if (model_type, qtype) not in made:
+            root = tmp_path_factory.mktemp(f"{model_type}-{qtype}")
+            hf_dir = arch_models.build(model_type, root / "hf", default_model_dir, vocab_size=gguf_files.VOCAB,
+                                       **GGUF_OVERRIDES[model_type])
+            gguf = gguf_files.write(hf_dir, root / f"{model_type}.gguf", qtype)
+            made[model_type, qtype] = hf_dir, gguf
+        return made[model_type, qtype]
+
+    return make
+
+
+def prompts_for(model_type: str) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(zlib.crc32(model_type.encode()))
+    return torch.randint(3, gguf_files.VOCAB, (4, 30), generator=gen).tolist()
+
+
+@pytest.mark.parametrize("model_type", sorted(gguf_files.GGUF_ARCH))
+def test_a_gguf_gives_transformers_tokens_on_its_checkpoint(model_type, written):
+    hf_dir, gguf = written(model_type)
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    llm = LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization=None)
+    assert llm.engine.hf_config.model_type == model_type
+    prompts = prompts_for(model_type)
+    assert engine_greedy(llm, prompts, 12, ignore_eos=True) == hf_greedy(hf, prompts, 12, None)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "phi3", "gemma3_text"])
+def test_quantization_gguf_computes_on_the_files_blocks(model_type, written):
+    """Qwen3's q and k rows are not interleaved as Llama's are, Phi-3's projections come
+    fused, Gemma 3's MLP is GELU: each read from the blocks as the dequantized path reads them."""
+    _, gguf = written(model_type, "Q8_0")
+    prompts = prompts_for(model_type)
+    dense = LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization=None)
+    want = engine_greedy(dense, prompts, 12, ignore_eos=True)
+    del dense
+    quantized = LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization="gguf")
+    assert engine_greedy(quantized, prompts, 12, ignore_eos=True) == want
+
+
+def test_a_block_type_without_a_kernel_is_refused_by_name(written):
+    """Q4_K_M files hold Q5_0 tensors (the real Gemma 3 270M's q, k, gate and up), which no
+    kernel reads: `gguf` is refused naming the type, and `auto` serves the dense weights."""
+    _, gguf = written("qwen2", "Q5_0")
+    with pytest.raises(ParamError) as e:
+        LLM(str(gguf), dtype="float32", max_model_len=64, quantization="gguf")
+    assert e.value.param == "quantization" and "Q5_0" in str(e.value)
+    llm = LLM(str(gguf), dtype="float32", max_model_len=64, quantization="auto")
+    assert llm.engine.config.quantization is None
+
+
+def test_a_chat_gguf_stops_on_the_turn_end_its_template_writes(written, tmp_path, default_model_dir):
+    """A GGUF names one eos; a Gemma chat file's turns end on <end_of_turn>, which only its
+    chat template shows. The converted model stops there, as llama.cpp does."""
+    from engine.sampling_params import SamplingParams
+
+    # no whitespace: the byte-level vocabulary of these files has no SentencePiece spaces
+    template = ("{% for m in messages %}<start_of_turn>{{ m['role'] }}:{{ m['content'] }}<end_of_turn>"
+                "{% endfor %}<start_of_turn>model:")
+    hf_dir = arch_models.build("gemma3_text", tmp_path / "hf", default_model_dir, vocab_size=gguf_files.VOCAB,
+                               **GGUF_OVERRIDES["gemma3_text"])
+    gguf = gguf_files.write(hf_dir, tmp_path / "chat.gguf", chat_template=template,
+                            specials=("<start_of_turn>", "<end_of_turn>"))
+    llm = LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization=None)
+    end = llm.tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert llm.engine.eos_token_ids == [2, end]
+    [out] = llm.chat([[{"role": "user", "content": "hi"}]],
+                     SamplingParams(max_tokens=8, temperature=0, logit_bias={end: 100.0}))
+    assert out.outputs[0].token_ids == [end] and out.outputs[0].finish_reason == "stop"
+
+
+def test_a_conversion_is_found_by_the_files_bytes_not_its_path(written, tmp_path, monkeypatch):
+    """A reinstalled venv, a moved Bento or a fresh clone holds the same GGUF at a new path:
+    its fp32 conversion is found, not made again beside the old one (a path key filled a
+    disk that way). New bytes at the same path get their own; a killed conversion's
+    leftover is removed by the next one once it is old."""
+    import os
+    import shutil
+    import time
+
+    from engine.models import loader
+
+    monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
+    made = []
+    convert = loader.convert_gguf
+    monkeypatch.setattr(loader, "convert_gguf", lambda gguf, out: (made.append(out), convert(gguf, out)))
+    _, qwen2 = written("qwen2")
+    _, qwen3 = written("qwen3")
+    first = loader.resolve(str(qwen2)).path
+    copy = tmp_path / "reinstalled" / qwen2.name
+    copy.parent.mkdir()
+    shutil.copy(qwen2, copy)
+    assert loader.resolve(str(copy)).path == first and made == [first]
+    link = tmp_path / "linked" / "model.gguf"
+    link.parent.mkdir()
+    link.symlink_to(qwen2)
+    assert loader.resolve(str(link)) == loader.ModelFiles(first, str(link)) and made == [first]
+
+    stale, live = (tmp_path / "cache" / "gguf" / f"{loader.TMP_PREFIX}{name}" for name in ("killed", "running"))
+    stale.mkdir(), live.mkdir()
+    hours_ago = time.time() - 2 * 3600
+    os.utime(stale, (hours_ago, hours_ago))
+    shutil.copy(qwen3, copy)  # other bytes at the same path
+    other = loader.resolve(str(copy)).path
+    assert other != first and made == [first, other]
+    assert loader.load_config(loader.ModelFiles(other, str(copy))).model_type == "qwen3"
+    assert not stale.exists() and live.exists()
+    assert sorted(p.name for p in (tmp_path / "cache" / "gguf").iterdir()) == sorted([first.name, other.name, live.name])

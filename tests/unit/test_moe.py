@@ -1,0 +1,112 @@
+"""The expert layer (engine/models/layers/moe.py) on the routings that break naive
+implementations, against a per-token reference: tied router scores, experts no token
+chose, every token on one expert; and the configs it refuses by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import parallel
+from engine.errors import ParamError
+from engine.models.arch import MoESpec
+from engine.models.layers.moe import SparseMoE
+
+
+def _layer(experts: int = 4, top_k: int = 2, norm: bool = True, shared: int = 0) -> SparseMoE:
+    torch.manual_seed(0)
+    spec = MoESpec(experts, top_k, inter=24, norm_topk=norm, layers=frozenset({0}), shared_inter=shared)
+    moe = SparseMoE(16, spec, "silu", parallel.single().tp)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0.0, 0.3)
+    return moe
+
+
+def _per_token(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
+    """Each token on its own: its experts' outputs, weighted, summed."""
+    experts, weights = moe.route(x)
+    rows = []
+    for t in range(x.shape[0]):
+        acc = torch.zeros(x.shape[1])
+        for e, w in zip(experts[t].tolist(), weights[t]):
+            gate, up = (moe.experts_gate_up[e] @ x[t]).chunk(2)
+            acc += w * (moe.experts_down[e] @ (torch.nn.functional.silu(gate) * up))
+        rows.append(acc)
+    out = torch.stack(rows)
+    if moe.spec.shared_inter:
+        out = out + torch.sigmoid(moe.shared_expert_gate(x)) * moe.shared_expert(x)
+    return out
+
+
+@pytest.mark.parametrize("shared", [0, 20])
+def test_the_expert_layer_equals_a_per_token_reference(shared):
+    """Also with each expert's GEMMs prepacked, as the CPU engine runs them."""
+    import copy
+
+    moe = _layer(shared=shared)
+    x = torch.randn(37, 16)
+    with torch.no_grad():
+        want = _per_token(moe, x)
+        torch.testing.assert_close(moe(x), want, rtol=1e-5, atol=1e-5)
+        packed = copy.deepcopy(moe)
+        packed.pack()
+        assert packed.experts_gate_up is None and len(packed.packed) == 4
+        torch.testing.assert_close(packed(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_tied_scores_unused_experts_and_one_expert_for_every_token():
+    moe = _layer(experts=6, top_k=2)
+    x = torch.randn(9, 16)
+    with torch.no_grad():
+        moe.gate.weight.zero_()  # every score tied: the choice is topk's, the same on both sides
+        experts, weights = moe.route(x)
+        assert torch.allclose(weights, torch.full_like(weights, 0.5))
+        assert len(set(experts.flatten().tolist())) < 6  # some experts got no token
+        torch.testing.assert_close(moe(x), _per_token(moe, x), rtol=1e-5, atol=1e-5)
+
+        one = _layer(experts=4, top_k=1, norm=False)
+        one.gate.weight.zero_()
+        one.gate.weight[2] = 0.2  # expert 2 outscores the rest for these (positive) tokens
+        xs = x.abs()
+        experts, weights = one.route(xs)
+        assert experts.flatten().tolist() == [2] * 9 and bool((weights < 1).all())  # not renormalised
+        torch.testing.assert_close(one(xs), _per_token(one, xs), rtol=1e-5, atol=1e-5)
+        assert one(xs[:0]).shape == (0, 16)  # an empty step
+
+
+def test_bad_expert_configs_are_refused_by_name():
+    from transformers import AutoConfig
+
+    from engine.models import registry
+
+    for model_type, kw, word in (("mixtral", dict(num_local_experts=2, num_experts_per_tok=3), "num_experts_per_tok"),
+                                 ("qwen3_moe", dict(num_experts=0, num_experts_per_tok=1), "expert")):
+        config = AutoConfig.for_model(model_type, num_hidden_layers=2, **kw)
+        with pytest.raises(ParamError) as e:
+            registry.model_class(config).spec(config)
+        assert e.value.param == "model" and word in str(e.value)
+
+
+def test_one_token_reads_only_its_top_k_experts():
+    """At batch 1 a step multiplies by k experts' weights a layer and by no other expert:
+    what makes a 30B-A3B model decode at the cost of a 3B one."""
+    import torch.nn.functional as F
+
+    moe = _layer(experts=8, top_k=2)
+    x = torch.randn(1, 16)
+    expert_ptrs = {moe.experts_gate_up[e].data_ptr(): e for e in range(8)} | \
+                  {moe.experts_down[e].data_ptr(): e for e in range(8)}
+    touched: list[int] = []
+    real = F.linear
+
+    def spy(inp, weight, bias=None):
+        if weight.data_ptr() in expert_ptrs:
+            touched.append(expert_ptrs[weight.data_ptr()])
+        return real(inp, weight, bias)
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(F, "linear", spy)
+        moe(x)
+        chosen, _ = moe.route(x)
+    assert sorted(touched) == sorted(chosen[0].tolist() * 2)  # gate/up and down of each chosen expert

@@ -1,0 +1,150 @@
+"""The quantized GEMM kernels (kernels/csrc/quant.cpp, qgemm.cpp) against their torch reference
+(kernels/quant.py), and the reference against the `gguf` package's own dequantization."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from kernels import quant
+
+
+TYPES = [quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q4_K, quant.Q6_K]
+
+
+def random_blocks(qtype: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """Random bytes in the block layout, with the fp16 scales set to sane values (random
+    bytes would make infs and NaNs)."""
+    f = quant.FORMATS[qtype]
+    blocks = torch.randint(0, 256, (n * (k // f.block), f.bytes), dtype=torch.uint8, generator=gen)
+    halves = {quant.Q8_0: [0], quant.Q4_0: [0], quant.Q4_1: [0, 2], quant.Q4_K: [0, 2], quant.Q6_K: [208]}[qtype]
+    for at in halves:
+        scale = (torch.rand(blocks.shape[0], generator=gen) * 0.02 + 0.001).to(torch.float16)
+        blocks[:, at:at + 2] = scale.view(torch.uint8).reshape(-1, 2)
+    return blocks.reshape(n, quant.row_bytes(qtype, k))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: quant.FORMATS[t].name)
+def test_the_reference_is_the_gguf_packages_dequantization(qtype):
+    gen = torch.Generator().manual_seed(qtype)
+    w = random_blocks(qtype, 5, 512, gen)
+    want = gguf.dequantize(w.numpy(), gguf.GGMLQuantizationType(qtype)).reshape(5, 512)
+    got = quant.dequantize(w, None, qtype, 512)
+    np.testing.assert_array_equal(got.numpy(), want.astype(np.float32))
+
+
+# The few-rows kernel's types (K a multiple of 32 for int8 rows), built where the CPU has AVX2.
+STREAMED = [quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.INT8_ROWS]
+
+
+def weights(qtype: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if qtype == quant.INT8_ROWS:
+        return quant.quantize_int8(torch.randn(n, k, generator=gen))
+    return random_blocks(qtype, n, k, gen), None
+
+
+def check_product(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, qtype: int, k: int,
+                  got: torch.Tensor) -> None:
+    dense = quant.dequantize(w, scales, qtype, k).double()
+    want = x.double() @ dense.T
+    # fp32 sums in another order than float64's: a few sqrt(K) roundings of the terms' magnitude.
+    bound = 4 * k ** 0.5 * 2.0 ** -24 * (x.double().abs() @ dense.abs().T)
+    assert torch.all((got.double() - want).abs() <= bound), (got.double() - want).abs().max()
+
+
+@pytest.mark.parametrize("qtype", TYPES + [quant.INT8_ROWS], ids=lambda t: quant.FORMATS[t].name)
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 16, 17, 25, 49, 65, 130])
+def test_qlinear_matches_the_reference_on_ragged_shapes(qtype, m):
+    """Whichever kernel the row count picks: the few-rows one up to 8-64 rows by type and ISA, the
+    many-rows one past that and for the K-quants."""
+    gen = torch.Generator().manual_seed(1000 * qtype + m)
+    k = 512 if quant.FORMATS[qtype].block == 256 else 96
+    if qtype == quant.INT8_ROWS and m % 2 == 0:
+        k += 5  # K not a multiple of 8: the many-rows kernel at every row count
+    n = 2 * 32 + 7  # two whole groups of 32 output channels and a ragged third
+    w, scales = weights(qtype, n, k, gen)
+    x = torch.randn(m, k, generator=gen)
+    check_product(x, w, scales, qtype, k, quant.qlinear(x, w, scales, qtype, k))
+
+
+@pytest.mark.parametrize("kernel", ["few", "many"])
+@pytest.mark.parametrize("qtype", STREAMED, ids=lambda t: quant.FORMATS[t].name)
+def test_each_kernel_matches_the_reference_at_every_row_count(qtype, kernel):
+    """Each kernel forced on row counts on both sides of where "auto" switches, with every
+    remainder of the register tiles (12 rows with AVX-512, 6 with AVX2)."""
+    gen = torch.Generator().manual_seed(qtype + len(kernel))
+    k, n = 128, 3 * 32 + 5
+    w, scales = weights(qtype, n, k, gen)
+    streams = quant.few_rows_available(qtype, k)  # the build's own answer, as "auto" asks it
+    for m in list(range(1, 27)) + [48, 49, 64, 97]:
+        x = torch.randn(m, k, generator=gen)
+        if kernel == "few" and not streams:
+            with pytest.raises(RuntimeError, match="few-rows kernel needs AVX2"):
+                quant.qlinear(x, w, scales, qtype, k, kernel=kernel)
+            continue
+        check_product(x, w, scales, qtype, k, quant.qlinear(x, w, scales, qtype, k, kernel=kernel))
+
+
+def test_many_rows_is_batch_invariant():
+    """In the many-rows kernel a row's outputs are one FMA chain in k order, whichever tile
+    it lands in: a row alone or among 100 gives the same bits."""
+    gen = torch.Generator().manual_seed(11)
+    k, n = 256, 70
+    w, _ = weights(quant.Q4_1, n, k, gen)
+    x = torch.randn(100, k, generator=gen)
+    whole = quant.qlinear(x, w, None, quant.Q4_1, k, kernel="many")
+    for rows in (slice(0, 1), slice(37, 50), slice(99, 100)):
+        assert torch.equal(quant.qlinear(x[rows], w, None, quant.Q4_1, k, kernel="many"), whole[rows])
+
+
+def test_the_few_rows_kernel_refuses_types_it_cannot_stream():
+    w = random_blocks(quant.Q4_K, 8, 256, torch.Generator().manual_seed(3))
+    assert not quant.few_rows_available(quant.Q4_K, 256)
+    with pytest.raises(RuntimeError, match="few-rows kernel needs"):
+        quant.qlinear(torch.randn(2, 256), w, None, quant.Q4_K, 256, kernel="few")
+
+
+@pytest.mark.parametrize("qtype", TYPES + [quant.INT8_ROWS], ids=lambda t: quant.FORMATS[t].name)
+def test_dequant_rows_is_an_embedding_lookup(qtype):
+    gen = torch.Generator().manual_seed(qtype + 7)
+    k = 256
+    if qtype == quant.INT8_ROWS:
+        w, scales = quant.quantize_int8(torch.randn(40, k, generator=gen))
+    else:
+        w, scales = random_blocks(qtype, 40, k, gen), None
+    ids = torch.tensor([3, 0, 39, 3, 17])
+    got = quant.dequant_rows(w, scales, ids, qtype, k)
+    torch.testing.assert_close(got, quant.dequantize(w, scales, qtype, k)[ids], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("qtype", [quant.Q4_1, quant.Q6_K, quant.INT8_ROWS], ids=lambda t: quant.FORMATS[t].name)
+def test_quant_linear_adds_its_bias_at_any_row_count(qtype):
+    from engine.models import quantize
+
+    gen = torch.Generator().manual_seed(qtype + 3)
+    n, k = 40, 256
+    w, scales = weights(qtype, n, k, gen)
+    bias = torch.randn(n, generator=gen)
+    layer = quantize.QuantLinear(w, scales, qtype, k, bias)
+    for m in (1, 70):
+        x = torch.randn(m, k, generator=gen)
+        torch.testing.assert_close(layer(x), quant.qlinear(x, w, scales, qtype, k) + bias, rtol=0, atol=0)
+
+
+def test_int8_is_per_channel_symmetric_and_close():
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(64, 300, generator=gen) * torch.logspace(-3, 1, 64)[:, None]  # channels of any scale
+    q, scales = quant.quantize_int8(w)
+    assert q.dtype == torch.int8 and q.abs().max() <= 127 and scales.shape == (64,)
+    err = (quant.dequantize(q, scales, quant.INT8_ROWS, 300) - w).abs().amax(dim=1)
+    assert torch.all(err <= scales / 2 * (1 + 1e-5))  # half a step per channel, at most (and fp32 rounding)
+
+
+def test_bad_shapes_are_refused():
+    w = torch.zeros(4, 20, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="row_bytes|bytes"):
+        quant.qlinear(torch.zeros(1, 64), w, None, quant.Q4_1, 64)  # 64 needs 40 bytes a row
+    with pytest.raises(RuntimeError, match="multiple"):
+        quant.qlinear(torch.zeros(1, 40), torch.zeros(4, 25, dtype=torch.uint8), None, quant.Q4_1, 40)
