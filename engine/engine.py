@@ -110,7 +110,8 @@ class LLMEngine:
         cache_salt: str | None = None,
         priority: int = 0,
     ) -> bool:
-        """Queue a request. `params` were checked when they were built; this raises
+        """Queue a request. `params` were validated where the request entered (LLM.generate,
+        AsyncLLM.generate: SamplingParams.validate); this raises
         ParamError naming the field for what only the engine can check (engine/intake.py).
         `priority` orders the queue when the config's scheduling_policy is "priority".
 

@@ -1,6 +1,7 @@
 """What the core checks of a request before it queues it: what only it can know (the
 vocabulary, max_model_len, the tokenizer's view of bad_words, which tokens the model
-stops on). Field values themselves were checked once, where SamplingParams was built."""
+stops on). Field values themselves were checked once, by SamplingParams.validate where
+the request entered (LLM.generate, AsyncLLM.generate)."""
 
 from __future__ import annotations
 

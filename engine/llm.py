@@ -49,9 +49,11 @@ class LLM:
         if params is None:
             params = self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
+            params = [params.validate()] * len(prompts)
         elif len(params) != len(prompts):
             raise ParamError("params", f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        else:
+            params = [p.validate() for p in params]
         ids: list[str] = []
         collector = Collector()
         try:
@@ -81,7 +83,7 @@ class LLM:
         top_k, min_p, repetition_penalty) for what `fields` leaves out: what the service
         applies to a request's unset fields, so the same request gives the same output
         offline and served (vLLM's `generation_config="auto"`)."""
-        return SamplingParams(**{**self.engine.sampling_defaults, **fields})
+        return SamplingParams(**{**self.engine.sampling_defaults, **fields}).validate()
 
     def chat(
         self,

@@ -105,7 +105,7 @@ class ModelInfo(msgspec.Struct, array_like=True):
     hf_id: str | None
     max_model_len: int
     vocab_size: int
-    sampling_defaults: dict[str, float]  # generation_config.json, for fields a request leaves unset
+    sampling_defaults: dict[str, int | float]  # generation_config.json, for fields a request leaves unset
     stats: EngineStats  # the pool before the first step
 
 

@@ -214,7 +214,7 @@ class AsyncLLM:
         """
         request_id = request_id or uuid.uuid4().hex
         ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
-        params = params or SamplingParams()
+        params = (params or SamplingParams()).validate()  # the one check; the engine process trusts it
         intake.check_token_ids(self.info.vocab_size, ids, params)
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:

@@ -1,32 +1,18 @@
 """The msgpack codec for engine/messages.py's types, for the pipe to the engine process.
 
-Every message is one tagged msgspec struct, encoded as an array. SamplingParams cross as
-the fields they were validated with in this process, and the engine process rebuilds
-them without checking again (SamplingParams.trusted).
+Every message is one tagged msgspec struct, encoded as an array. SamplingParams are a
+struct too, validated where the request entered (AsyncLLM.generate): the engine process
+decodes them as they are and checks only what it alone knows (engine/intake.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
-from engine.messages import AbortRequest, AddRequest, Command, Event, GetStats, Stop
-from engine.sampling_params import SamplingParams
-
-
-class _AddFields(msgspec.Struct, tag="add", array_like=True):
-    """AddRequest as it arrives: the params still as their fields."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    params: dict[str, Any]
-    cache_salt: str | None = None
-    priority: int = 0
-
+from engine.messages import Command, Event
 
 _encoder = msgspec.msgpack.Encoder()
-_commands = msgspec.msgpack.Decoder(_AddFields | AbortRequest | GetStats | Stop)
+_commands = msgspec.msgpack.Decoder(Command)
 _events = msgspec.msgpack.Decoder(Event)
 
 
@@ -35,11 +21,7 @@ def encode(msg: Command | Event) -> bytes:
 
 
 def decode_command(data: bytes) -> Command:
-    cmd = _commands.decode(data)
-    if isinstance(cmd, _AddFields):
-        return AddRequest(cmd.request_id, cmd.prompt_token_ids, SamplingParams.trusted(cmd.params),
-                          cmd.cache_salt, cmd.priority)
-    return cmd
+    return _commands.decode(data)
 
 
 def decode_event(data: bytes) -> Event:

@@ -193,9 +193,12 @@ def load_generation_config(files: ModelFiles) -> dict[str, Any]:
     return data
 
 
-def sampling_defaults(generation: dict[str, Any]) -> dict[str, float]:
-    """The sampling settings the model's authors recommend, for requests that leave them unset."""
-    return {k: generation[k] for k in SAMPLING_DEFAULT_KEYS if isinstance(generation.get(k), (int, float))}
+def sampling_defaults(generation: dict[str, Any]) -> dict[str, int | float]:
+    """The sampling settings the model's authors recommend, for requests that leave them
+    unset: top_k as an int (some files write 20.0), the others as floats."""
+    found = {k: generation[k] for k in SAMPLING_DEFAULT_KEYS
+             if isinstance(generation.get(k), (int, float)) and not isinstance(generation[k], bool)}
+    return {k: int(v) if k == "top_k" else float(v) for k, v in found.items()}
 
 
 def eos_token_ids(config: PretrainedConfig, generation: dict[str, Any], tokenizer: Any) -> list[int]:

@@ -111,8 +111,9 @@ def test_a_rejected_request_raises_before_output_and_disturbs_no_one(llm):
         with pytest.raises(ValueError, match="max_model_len"):
             async for _ in llm.generate([5] * 200, SamplingParams(max_tokens=4)):
                 pytest.fail("a rejected request yielded output")
-        with pytest.raises(ValueError, match="temperature"):
-            SamplingParams(temperature=-1)
+        with pytest.raises(ValueError, match="temperature"):  # checked where it enters, before output
+            async for _ in llm.generate("abc", SamplingParams(temperature=-1)):
+                pytest.fail("a request with a bad field yielded output")
         return await good
 
     items = run(scenario())

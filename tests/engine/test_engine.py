@@ -122,9 +122,9 @@ def test_impossible_requests_fail_at_once_and_disturb_nothing(llm):
     with pytest.raises(ValueError, match="max_tokens"):
         llm.generate(["hi"], greedy(max_tokens=600), use_tqdm=False)
     with pytest.raises(ValueError, match="top_p"):
-        SamplingParams(top_p=0)
+        llm.generate(["hi"], SamplingParams(top_p=0), use_tqdm=False)
     with pytest.raises(ValueError, match="temperature"):
-        SamplingParams(temperature=-1)
+        llm.generate(["hi", "there"], [greedy(max_tokens=2), SamplingParams(temperature=-1)], use_tqdm=False)
     with pytest.raises(ValueError, match="prompt"):
         llm.generate([[]], greedy(max_tokens=4), use_tqdm=False)
     stats = llm.stats()

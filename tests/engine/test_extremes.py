@@ -78,7 +78,7 @@ def test_a_fault_in_a_step_raises_now_and_on_every_later_call(tiny_model_factory
 ])
 def test_a_list_past_its_bound_is_refused_naming_it(field, value):
     with pytest.raises(ParamError) as err:
-        SamplingParams(**{field: value})
+        SamplingParams(**{field: value}).validate()
     assert err.value.param == field and "at most" in str(err.value)
     assert len(str(err.value)) < 400  # the message never echoes the whole list
 

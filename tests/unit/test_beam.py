@@ -20,10 +20,10 @@ from engine.errors import ParamError
 ])
 def test_what_beam_search_cannot_honour_is_refused_by_name(kw, field):
     with pytest.raises(ParamError) as err:
-        SamplingParams(**{"n": 2, "temperature": 0.0, "use_beam_search": True, **kw})
+        SamplingParams(**{"n": 2, "temperature": 0.0, "use_beam_search": True, **kw}).validate()
     assert err.value.param == field
     with pytest.raises(ParamError) as err:
-        SamplingParams(length_penalty=0.5)
+        SamplingParams(length_penalty=0.5).validate()
     assert err.value.param == "length_penalty"  # meaningless without beam search, so not ignored
     with pytest.raises(ParamError) as err:
         BeamSearchParams(0, 16).sampling_params()

@@ -53,7 +53,7 @@ def test_params_cross_as_validated_and_are_not_checked_again(monkeypatch):
     def checked_again(self):
         raise AssertionError("SamplingParams validated a second time in the engine process")
 
-    monkeypatch.setattr(SamplingParams, "__post_init__", checked_again)
+    monkeypatch.setattr(SamplingParams, "validate", checked_again)
     got = wire.decode_command(data)
     assert got.params == PARAMS and isinstance(got.params.structured, Constraint)
 

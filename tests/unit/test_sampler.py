@@ -362,5 +362,20 @@ def test_tiny_temperatures_are_greedy_and_extreme_penalties_are_refused() -> Non
     for name, value in (("repetition_penalty", 1e-30), ("repetition_penalty", 1e30), ("temperature", 1e300),
                         ("temperature", float("nan"))):
         with pytest.raises(ParamError) as err:
-            SamplingParams(**{name: value})
+            SamplingParams(**{name: value}).validate()
         assert err.value.param == name
+
+
+@pytest.mark.parametrize(("name", "value"), [("temperature", "hot"), ("n", True), ("max_tokens", 2.5),
+                                             ("stop", [1]), ("logit_bias", {"5": 1.0}), ("structured", "json"),
+                                             ("early_stopping", 1), ("seed", "42")])
+def test_a_field_of_the_wrong_type_is_refused_naming_it(name, value) -> None:
+    with pytest.raises(ParamError) as err:
+        SamplingParams(**{name: value}).validate()
+    assert err.value.param == name
+
+
+def test_validate_normalizes_what_callers_pass_and_is_idempotent() -> None:
+    p = SamplingParams(temperature=0, stop="x", top_k=-1, stop_token_ids=(1, 2), bad_words=None).validate()
+    assert (p.temperature, p.stop, p.top_k, p.stop_token_ids, p.bad_words) == (0.0, ["x"], 0, [1, 2], [])
+    assert isinstance(p.temperature, float) and p.validate() == p

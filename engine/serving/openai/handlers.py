@@ -147,7 +147,8 @@ class OpenAIServing:
                         names: dict[str, str], tool_call: Constraint | None = None,
                         prompt_logprobs: int | None = None, keep_special_tokens: bool = False) -> SamplingParams:
         """The model's generation_config.json, then OpenAI's defaults, where the request is
-        silent (as vLLM's `--generation-config auto`); SamplingParams checks the ranges.
+        silent (as vLLM's `--generation-config auto`); AsyncLLM.generate validates them, and
+        `start` reports what it finds under the request's own field names.
         `keep_special_tokens` decodes them (keeps_special_tokens says when)."""
         if req.prompt_logprobs is not None and req.stream:
             raise bad_request("prompt_logprobs cannot be streamed; ask without stream", "prompt_logprobs")
@@ -176,10 +177,7 @@ class OpenAIServing:
                     kw[name] = 0.0
             elif name in self.llm.info.sampling_defaults:
                 kw[name] = self.llm.info.sampling_defaults[name]
-        try:
-            return SamplingParams(**kw)
-        except ValueError as exc:
-            raise to_api_error(exc, names) from None
+        return SamplingParams(**kw)
 
     async def start(self, prompts: list[str | list[int]], params: SamplingParams, base_id: str,
                      req: SamplingFields, names: dict[str, str], operation: str = "text_completion"
