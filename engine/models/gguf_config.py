@@ -10,6 +10,9 @@ keys read here are the ones llama.cpp's converter writes for these architectures
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,32 @@ import numpy as np
 # Gemma 2 27B (46 layers) and Gemma 3 27B (62) scale queries by hidden / heads rather than
 # by head_dim; llama.cpp tells them apart by their layer count the same way.
 _GEMMA_HIDDEN_SCALED = {("gemma2", 46), ("gemma3", 62)}
+
+
+@contextlib.contextmanager
+def parsed_once() -> Iterator[None]:
+    """Within the block, each GGUF file is parsed once and gguf's tensor-name map built
+    once per architecture. A conversion reads the header five times (transformers for the
+    config, the tokenizer and the weights; this module twice), and a 49k-token vocabulary
+    takes about 5 s to parse on 2 cores; transformers also rebuilt the name map for every
+    module (7 s). transformers imports both from `gguf` at call time, so they are swapped
+    there, for this block only."""
+    import gguf
+
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def reader(path: Any, mode: str = "r") -> Any:
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(real_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
 
 
 def _fields(path: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:

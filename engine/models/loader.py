@@ -136,12 +136,14 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 
     from engine.models import gguf_config, registry
 
-    config = gguf_config.restore(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
-    registry.text_config(config)  # refuses an architecture we cannot serve, before any work
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
-    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)["tensors"]
+    with gguf_config.parsed_once():
+        config = gguf_config.restore(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
+        registry.text_config(config)  # refuses an architecture we cannot serve, before any work
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+        tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)["tensors"]
+        stops = gguf_config.stop_token_ids(gguf, tokenizer)
     # A directory of its own: a name from the pid collided across containers sharing the
     # cache, where every process may be pid 1.
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -152,7 +154,6 @@ def convert_gguf(gguf: Path, out: Path) -> None:
         del config.quantization_config  # the weights we write are plain fp32
     config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    stops = gguf_config.stop_token_ids(gguf, tokenizer)
     if stops:
         (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}))
     save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / "model.safetensors")
