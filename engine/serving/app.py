@@ -1,9 +1,9 @@
-"""The OpenAI HTTP surface as a Starlette app: its routes and their errors (bodies are
-parsed by parsing.py, deadlines kept by deadlines.py, the API key, request ids and the
-typed routes' guard are middleware.py's).
+"""The HTTP surface as a Starlette app: OpenAI's routes and Anthropic's Messages, and their
+errors (bodies are parsed by parsing.py, deadlines kept by deadlines.py, the API key,
+request ids and the typed routes' guard are middleware.py's).
 
-The routes live in a small ASGI app rather than in BentoML API methods: OpenAI clients
-need exact paths, OpenAI's error object on every 4xx (including malformed JSON, which
+The routes live in a small ASGI app rather than in BentoML API methods: clients need
+exact paths, their API's own error object on every 4xx (including malformed JSON, which
 BentoML would answer in its own shape) and text/event-stream bodies. A client that
 hangs up aborts its request, so its KV blocks are freed at the next step.
 
@@ -28,7 +28,11 @@ from engine import __version__
 from engine.serving import tracing
 from engine.serving import jsontext
 from engine.serving.deadlines import ClientGone, deadline, sse_events, unless_disconnected
-from engine.serving.errors import APIError, error_response, to_api_error
+from engine.serving.anthropic import handler as anthropic
+from engine.serving.anthropic.protocol import CountTokensRequest, MessagesRequest
+from engine.serving.errors import (
+    APIError, anthropic_error_event, anthropic_error_response, error_response, openai_error_event, to_api_error,
+)
 from engine.serving.openai import completions
 from engine.serving.openai.handlers import OpenAIServing
 from engine.serving.openai.protocol import (
@@ -43,19 +47,22 @@ logger = logging.getLogger(__name__)
 
 GetServing = Callable[[], "OpenAIServing | None"]
 Handler = Callable[[OpenAIServing, Any], Awaitable[Any]]
+Render = Callable[..., Response]
 
 
-def _openai_route(get_serving: GetServing, model: type[BaseModel], handler: Handler, max_body: int,
-                  request_timeout: float | None, unknown: UnknownFields
-                  ) -> Callable[[Request], Awaitable[Response]]:
-    """Wrap a handler: body in, OpenAI error object or JSON or SSE out."""
+def _api_route(get_serving: GetServing, model: type[BaseModel], handler: Handler, max_body: int,
+               request_timeout: float | None, unknown: UnknownFields, render: Render = error_response,
+               error_event: Callable[[APIError], str] = openai_error_event
+               ) -> Callable[[Request], Awaitable[Response]]:
+    """Wrap a handler: body in, JSON or SSE out, and errors in the API's own shape
+    (`render` before the headers, `error_event` after them)."""
 
     async def endpoint(request: Request) -> Response:
         serving = get_serving()
         if serving is None or not serving.llm.is_alive:
-            return error_response(APIError(503, "the engine is not running", "server_error"))
+            return render(APIError(503, "the engine is not running", "server_error"))
         if serving.llm.draining:
-            return error_response(APIError(503, "the server is shutting down and takes no new requests",
+            return render(APIError(503, "the server is shutting down and takes no new requests",
                                            "server_error", None, "shutting_down"))
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -67,7 +74,7 @@ def _openai_route(get_serving: GetServing, model: type[BaseModel], handler: Hand
             else:  # parsing and validating megabytes would hold every other request's loop
                 req, ignored = await asyncio.to_thread(parse, body, model, unknown)
         except APIError as exc:
-            return error_response(exc)
+            return render(exc)
         headers = {}
         if ignored:
             shown = shown_fields(ignored)
@@ -82,10 +89,10 @@ def _openai_route(get_serving: GetServing, model: type[BaseModel], handler: Hand
         except ClientGone:
             return Response(status_code=499)
         except Exception as exc:  # noqa: BLE001
-            return error_response(to_api_error(exc), headers)
+            return render(to_api_error(exc), headers)
         if isinstance(result, BaseModel):
             return Response(result.model_dump_json(), media_type="application/json", headers=headers)
-        return StreamingResponse(sse_events(result, None if timeout is None else start + timeout),
+        return StreamingResponse(sse_events(result, None if timeout is None else start + timeout, error_event),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
@@ -112,6 +119,14 @@ async def _responses(s: OpenAIServing, req: ResponsesRequest) -> Any:
     return await responses.create(s, req)
 
 
+async def _messages(s: OpenAIServing, req: MessagesRequest) -> Any:
+    return await anthropic.create(s, req)
+
+
+async def _count_tokens(s: OpenAIServing, req: CountTokensRequest) -> Any:
+    return await anthropic.count_tokens(s, req)
+
+
 def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
                request_timeout: float | None = None, unknown_fields: UnknownFields = "reject") -> Starlette:
     """The OpenAI routes plus /health, /stats and /version, over whatever get_serving
@@ -120,7 +135,11 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
     a 408; unknown fields are 400s or (`warn`) dropped, logged and named in a header."""
 
     def route(model: type[BaseModel], handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        return _openai_route(get_serving, model, handler, max_body_bytes, request_timeout, unknown_fields)
+        return _api_route(get_serving, model, handler, max_body_bytes, request_timeout, unknown_fields)
+
+    def anthropic_route(model: type[BaseModel], handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        return _api_route(get_serving, model, handler, max_body_bytes, request_timeout, unknown_fields,
+                          anthropic_error_response, anthropic_error_event)
 
     def live() -> OpenAIServing:
         serving = get_serving()
@@ -190,6 +209,8 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
         Route("/v1/completions", route(CompletionRequest, _completions), methods=["POST"]),
         Route("/v1/responses", route(ResponsesRequest, _responses), methods=["POST"]),
         Route("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),
+        Route("/v1/messages", anthropic_route(MessagesRequest, _messages), methods=["POST"]),
+        Route("/v1/messages/count_tokens", anthropic_route(CountTokensRequest, _count_tokens), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/tokenize", route(TokenizeRequest, _tokenize), methods=["POST"]),

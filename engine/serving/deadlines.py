@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
 
-from engine.serving.errors import APIError, bad_request, to_api_error
+from engine.serving.errors import APIError, bad_request, openai_error_event, to_api_error
 
 DEADLINE_HEADER = "X-Request-Timeout"  # seconds; a client's own deadline for one request
 
@@ -69,9 +68,11 @@ def deadline(request: Request, default: float | None) -> float | None:
     return asked if default is None else min(asked, default)
 
 
-async def sse_events(events: AsyncIterator[str], deadline: float | None = None) -> AsyncIterator[str]:
-    """Errors after the headers went out travel as an error event, as OpenAI and vLLM do;
-    so does a deadline that passes mid-stream (`deadline` is loop time)."""
+async def sse_events(events: AsyncIterator[str], deadline: float | None = None,
+                     error_event: Callable[[APIError], str] = openai_error_event) -> AsyncIterator[str]:
+    """Errors after the headers went out travel as an error event in the route's own
+    shape, as OpenAI, Anthropic and vLLM send them; so does a deadline that passes
+    mid-stream (`deadline` is loop time)."""
     loop = asyncio.get_running_loop()
     try:
         while True:
@@ -87,5 +88,4 @@ async def sse_events(events: AsyncIterator[str], deadline: float | None = None) 
                 raise deadline_exceeded(None)
             yield event
     except Exception as exc:  # noqa: BLE001
-        yield f"data: {json.dumps(to_api_error(exc).body())}\n\n"
-        yield "data: [DONE]\n\n"  # clients wait for it to close the stream
+        yield error_event(to_api_error(exc))

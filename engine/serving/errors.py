@@ -6,6 +6,7 @@ and the typed BentoML APIs all go through it.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Mapping
@@ -39,6 +40,39 @@ class APIError(Exception):
 def error_response(err: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
     """The Starlette response for an APIError, with any further headers."""
     return JSONResponse(err.body(), status_code=err.status, headers={**err.headers, **(headers or {})})
+
+
+# Anthropic's error types by HTTP status (its SDK picks the exception class by status).
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+
+
+def anthropic_body(err: APIError) -> dict[str, Any]:
+    """The error in Anthropic's shape. It has no `param`, so the field leads the message."""
+    d = err.detail
+    message = d.message if d.param is None or d.param in d.message else f"{d.param}: {d.message}"
+    kind = _ANTHROPIC_TYPES.get(err.status) or ("overloaded_error" if err.status == 503 else
+                                               "api_error" if err.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def anthropic_error_response(err: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(anthropic_body(err), status_code=err.status, headers={**err.headers, **(headers or {})})
+
+
+def openai_error_event(err: APIError) -> str:
+    """An error after a stream's headers went out, as OpenAI and vLLM send it; clients wait
+    for [DONE] to close the stream."""
+    return f"data: {json.dumps(err.body())}\n\ndata: [DONE]\n\n"
+
+
+def anthropic_error_event(err: APIError) -> str:
+    return f"event: error\ndata: {json.dumps(anthropic_body(err))}\n\n"
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Whether a path's errors take Anthropic's shape (middleware answers before routing)."""
+    return path.startswith("/v1/messages")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from engine.serving import tracing
 from engine.serving import jsontext
 from engine.serving.deadlines import deadline, deadline_exceeded
-from engine.serving.errors import APIError, bad_request, error_response
+from engine.serving.errors import APIError, anthropic_error_response, bad_request, error_response, speaks_anthropic
 from engine.serving.parsing import DEFAULT_MAX_BODY, read_body
 from engine.serving.tenancy import TENANT, KeyQuota, tenant_of
 
@@ -55,8 +55,9 @@ class RequestIdMiddleware:
 
 class APIKeyMiddleware:
     """With $LLM_API_KEY set (one key, or several separated by commas, so keys can be
-    rotated), model routes and the tokenizer routes need `Authorization: Bearer <key>`;
-    else 401. `protect_ops` puts /stats and /metrics behind the key too; /health stays
+    rotated), model routes and the tokenizer routes need `Authorization: Bearer <key>`
+    (or `x-api-key: <key>`, as Anthropic's clients send it); else 401, in the route's
+    API's error shape. `protect_ops` puts /stats and /metrics behind the key too; /health stays
     open for probes. CORS preflights (OPTIONS) pass: browsers send them without
     credentials, and the CORS middleware outside this one answers them.
 
@@ -89,17 +90,20 @@ class APIKeyMiddleware:
                 and scope["path"].startswith(self.prefixes)):
             headers = dict(scope.get("headers") or [])
             scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-            tenant = self.tenant(token) if scheme.lower() == b"bearer" else None
+            if scheme.lower() != b"bearer":
+                token = headers.get(b"x-api-key", b"")
+            tenant = self.tenant(token) if token else None
+            render = anthropic_error_response if speaks_anthropic(scope["path"]) else error_response
             if tenant is None:
-                resp = error_response(APIError(401, "Incorrect API key provided; send `Authorization: Bearer "
-                                               "<key>`.", "invalid_request_error", None, "invalid_api_key"))
+                resp = render(APIError(401, "Incorrect API key provided; send `Authorization: Bearer <key>` or "
+                                       "`x-api-key: <key>`.", "invalid_request_error", None, "invalid_api_key"))
                 resp.headers["WWW-Authenticate"] = "Bearer"
                 await resp(scope, receive, send)
                 return
             reset = TENANT.set(tenant)
             try:
                 await self.quota.run(tenant, lambda: self.app(scope, receive, send),
-                                     lambda err: error_response(err)(scope, receive, send))
+                                     lambda err: render(err)(scope, receive, send))
             finally:
                 TENANT.reset(reset)
             return

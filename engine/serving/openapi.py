@@ -20,6 +20,9 @@ from engine.serving.openai.protocol import (
 from engine.serving.openai.replies import (
     ChatCompletionResponse, CompletionResponse, DetokenizeResponse, ModelCard, ModelList, TokenizeResponse,
 )
+from engine.serving.anthropic.protocol import (
+    CountTokensRequest, ErrorBody, MessagesRequest, MessagesResponse, TokenCount,
+)
 from engine.serving.responses.protocol import Response, ResponseDeleted, ResponsesRequest
 
 ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
@@ -32,6 +35,10 @@ POSTS: list[tuple[str, str, type[BaseModel], type[BaseModel], bool]] = [
     ("/detokenize", "Text of token ids", DetokenizeRequest, DetokenizeResponse, False),
     ("/v1/responses", "Create a response (OpenAI's Responses API)", ResponsesRequest, Response, True),
 ]
+ANTHROPIC_POSTS: dict[str, tuple[type[BaseModel], type[BaseModel]]] = {
+    "/v1/messages": (MessagesRequest, MessagesResponse),
+    "/v1/messages/count_tokens": (CountTokensRequest, TokenCount),
+}
 
 
 def openapi_document(version: str = "1") -> dict[str, Any]:
@@ -40,14 +47,17 @@ def openapi_document(version: str = "1") -> dict[str, Any]:
         models += [(req, "validation"), (resp, "serialization")]
     models += [(ErrorResponse, "serialization"), (ModelList, "serialization"), (ModelCard, "serialization"),
                (ResponseDeleted, "serialization")]
+    for req, resp in ANTHROPIC_POSTS.values():
+        models += [(req, "validation"), (resp, "serialization")]
+    models.append((ErrorBody, "serialization"))
     refs, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
 
     def ref(model: type[BaseModel], mode: str = "serialization") -> dict[str, Any]:
         return refs[(model, mode)]
 
-    def answers(ok: dict[str, Any], codes: tuple[str, ...]) -> dict[str, Any]:
+    def answers(ok: dict[str, Any], codes: tuple[str, ...], error: type[BaseModel] = ErrorResponse) -> dict[str, Any]:
         out = {"200": {"description": "OK", "content": ok}}
-        out.update({c: {"description": ERRORS[c], "content": {"application/json": {"schema": ref(ErrorResponse)}}}
+        out.update({c: {"description": ERRORS[c], "content": {"application/json": {"schema": ref(error)}}}
                     for c in codes})
         return out
 
@@ -63,6 +73,17 @@ def openapi_document(version: str = "1") -> dict[str, Any]:
             "requestBody": {"required": True, "content": {"application/json": {"schema": ref(req, "validation")}}},
             "responses": answers(ok, codes),
             **({"security": [{"bearer": []}]} if path.startswith("/v1/") else {}),
+        }}
+    for path, (req, resp) in ANTHROPIC_POSTS.items():
+        ok = {"application/json": {"schema": ref(resp)}}
+        if resp is MessagesResponse:  # with "stream": true, Anthropic's named events
+            ok["text/event-stream"] = {"schema": {"type": "object", "required": ["event", "data"], "properties": {
+                "data": {"type": "string"}, "event": {"type": "string"}}}}
+        paths[path] = {"post": {
+            "summary": f"Anthropic Messages API: {path}", "operationId": path.strip("/").replace("/", "_"),
+            "requestBody": {"required": True, "content": {"application/json": {"schema": ref(req, "validation")}}},
+            "responses": answers(ok, ("400", "401", "404", "408", "413", "429", "503"), ErrorBody),
+            "security": [{"bearer": []}, {"apiKey": []}],
         }}
     paths["/v1/models"] = {"get": {"summary": "The served model and its aliases", "operationId": "list_models",
                                    "security": [{"bearer": []}],
@@ -84,10 +105,11 @@ def openapi_document(version: str = "1") -> dict[str, Any]:
             "type": "object", "required": ["version"], "properties": {"version": {"type": "string"}}}}}}}}}
     return {
         "openapi": "3.1.0",
-        "info": {"title": "pagedserve OpenAI-compatible API", "version": version},
+        "info": {"title": "pagedserve: OpenAI- and Anthropic-compatible API", "version": version},
         "paths": paths,
         "components": {"schemas": defs.get("$defs", {}),
-                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                           "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}},
     }
 
 

@@ -28,7 +28,11 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-class _Request(BaseModel):
+class StrictModel(BaseModel):
+    """A request body as clients send it: strict types, no unknown keys (parsing.py decides
+    whether an unknown one is a 400 or dropped), an explicit null as unset. The Responses
+    and Anthropic routes' bodies use it too."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_validator(mode="before")
@@ -53,28 +57,28 @@ class ErrorResponse(BaseModel):
 
 
 # -- shared pieces --------------------------------------------------------------------
-class StreamOptions(_Request):
+class StreamOptions(StrictModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM: usage on every chunk, not only the last
 
 
-class TextPart(_Request):
+class TextPart(StrictModel):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(_Request):
+class FunctionCall(StrictModel):
     name: str
     arguments: str  # JSON text, as OpenAI sends it
 
 
-class ToolCall(_Request):
+class ToolCall(StrictModel):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Request):
+class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -94,30 +98,30 @@ class ChatMessage(_Request):
         return self.content or ""
 
 
-class JSONSchemaFormat(_Request):
+class JSONSchemaFormat(StrictModel):
     name: str
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
     description: str | None = None
 
 
-class FunctionDef(_Request):
+class FunctionDef(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema; none means no arguments
     strict: bool | None = None  # arguments always follow the schema when a call is forced
 
 
-class Tool(_Request):
+class Tool(StrictModel):
     type: Literal["function"]
     function: FunctionDef
 
 
-class FunctionName(_Request):
+class FunctionName(StrictModel):
     name: str
 
 
-class NamedToolChoice(_Request):
+class NamedToolChoice(StrictModel):
     type: Literal["function"]
     function: FunctionName
 
@@ -125,12 +129,12 @@ class NamedToolChoice(_Request):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-class ResponseFormat(_Request):
+class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
 
 
-class StructuredOutputsParams(_Request):
+class StructuredOutputsParams(StrictModel):
     """vLLM's `structured_outputs`: exactly one constraint."""
 
     json_: dict[str, Any] | str | None = Field(None, alias="json")
@@ -139,7 +143,7 @@ class StructuredOutputsParams(_Request):
     grammar: str | None = None
 
 
-class SamplingFields(_Request):
+class SamplingFields(StrictModel):
     """Fields chat and completions share. None means the OpenAI default."""
 
     model: str | None = None
@@ -224,7 +228,7 @@ class CompletionRequest(SamplingFields):
 
 
 # -- tokenizer routes -----------------------------------------------------------------
-class TokenizeRequest(_Request):
+class TokenizeRequest(StrictModel):
     """Either a prompt or chat messages (rendered with the chat template), as vLLM's /tokenize."""
 
     model: str | None = None
@@ -236,6 +240,6 @@ class TokenizeRequest(_Request):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(StrictModel):
     model: str | None = None
     tokens: list[int]

@@ -1,7 +1,7 @@
 """The Responses API's request, response and stream-event models (`/v1/responses`).
 
 Shaped as OpenAI documents them, so the `openai` SDK and the Agents SDK parse them
-unchanged. Requests are strict like the chat ones (protocol._Request): `null` is unset,
+unchanged. Requests are strict like the chat ones (protocol.StrictModel): `null` is unset,
 unknown fields follow service.unknown_fields, and input items or tools of a kind this
 server cannot serve (images, files, web or file search, computer use, MCP, ...) are 400s
 naming them rather than being dropped from the conversation.
@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
-from engine.serving.openai.protocol import _Request
+from engine.serving.openai.protocol import StrictModel
 
 ITEM_KINDS = "message, function_call, function_call_output and reasoning"
 
@@ -26,14 +26,14 @@ def item_id(prefix: str) -> str:
 
 
 # -- request --------------------------------------------------------------------------
-class InputText(_Request):
+class InputText(StrictModel):
     type: Literal["input_text", "output_text", "text"]
     text: str
     annotations: list[dict[str, Any]] | None = None  # echoed back from an earlier output
     logprobs: list[dict[str, Any]] | None = None
 
 
-class Refusal(_Request):
+class Refusal(StrictModel):
     type: Literal["refusal"]
     refusal: str
 
@@ -58,7 +58,7 @@ def _text(content: str | list[ContentPart]) -> str:
     return "".join(p.text if isinstance(p, InputText) else p.refusal for p in content)
 
 
-class MessageItem(_Request):
+class MessageItem(StrictModel):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[ContentPart]
@@ -69,7 +69,7 @@ class MessageItem(_Request):
         return _text(self.content)
 
 
-class FunctionCallItem(_Request):
+class FunctionCallItem(StrictModel):
     type: Literal["function_call"]
     call_id: str
     name: str
@@ -78,7 +78,7 @@ class FunctionCallItem(_Request):
     status: str | None = None
 
 
-class FunctionCallOutputItem(_Request):
+class FunctionCallOutputItem(StrictModel):
     type: Literal["function_call_output"]
     call_id: str
     output: str | list[ContentPart]
@@ -89,7 +89,7 @@ class FunctionCallOutputItem(_Request):
         return _text(self.output)
 
 
-class ReasoningItem(_Request):
+class ReasoningItem(StrictModel):
     """An earlier output's reasoning, echoed back (the Agents SDK sends it): checked, and
     left out of the prompt, as chat templates leave out earlier turns' reasoning."""
 
@@ -115,7 +115,7 @@ InputItem = Annotated[
 ]
 
 
-class FunctionTool(_Request):
+class FunctionTool(StrictModel):
     type: Literal["function"]
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: str | None = None
@@ -130,12 +130,12 @@ ResponsesTool = Annotated[
 ]
 
 
-class FunctionChoice(_Request):
+class FunctionChoice(StrictModel):
     type: Literal["function"]
     name: str
 
 
-class TextFormat(_Request):
+class TextFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
@@ -143,18 +143,18 @@ class TextFormat(_Request):
     description: str | None = None
 
 
-class TextConfig(_Request):
+class TextConfig(StrictModel):
     format: TextFormat | None = None
     verbosity: Literal["medium"] | None = None  # the only level a model without that training has
 
 
-class ReasoningConfig(_Request):
+class ReasoningConfig(StrictModel):
     effort: None = None  # this server's models have no reasoning effort to set; any value is a 400
     summary: Literal["auto", "concise", "detailed"] | None = None  # no reasoning items: nothing to summarize
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
-class ResponsesRequest(_Request):
+class ResponsesRequest(StrictModel):
     model: str | None = None
     input: str | list[InputItem]
     instructions: str | None = None
