@@ -85,3 +85,48 @@ def test_errors_take_anthropics_shape_with_the_field_first():
     assert anthropic_body(APIError(429, "busy", "rate_limit_error"))["error"]["type"] == "rate_limit_error"
     assert anthropic_body(APIError(503, "down", "server_error"))["error"]["type"] == "overloaded_error"
     assert anthropic_body(APIError(500, "oops", "server_error"))["error"]["type"] == "api_error"
+
+
+def test_a_streamed_think_block_and_call_are_thinking_text_and_tool_use_blocks_in_order():
+    """The stream on text a Qwen3-style reasoning model writes, cut into odd pieces: a
+    thinking block (its deltas, then its signature), a text block, a tool_use block whose
+    input_json_delta parts join to the call's arguments; then message_delta says tool_use."""
+    import asyncio
+    import json
+
+    from engine.client.async_llm import StreamOutput
+    from engine.messages import CompletionDelta
+    from engine.serving.anthropic.stream import stream_message
+    from engine.serving.openai.protocol import Tool
+    from engine.serving.tools.calls import Splitter
+
+    text = ('<think>The user wants the weather.</think>\n\nLet me look.<tool_call>\n'
+            '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    pieces = [text[i:i + 7] for i in range(0, len(text), 7)]
+    outs = [StreamOutput("r", [1, 2, 3], [CompletionDelta(0, p, [5], None, "stop" if k == len(pieces) - 1 else None)],
+                         k == len(pieces) - 1, k + 1) for k, p in enumerate(pieces)]
+    tools = [Tool.model_validate({"type": "function", "function": {"name": "get_weather", "parameters": TOOL[
+        "input_schema"]}})]
+
+    class Serving:  # the one thing the stream asks of OpenAIServing
+        def splitter(self, tools, stream=False):
+            return Splitter(tools, "hermes", "qwen3", stream)
+
+    async def collect() -> list[dict]:
+        async def rest():
+            for out in outs[1:]:
+                yield out
+        return [json.loads(e.split("data: ", 1)[1]) async for e in
+                stream_message(Serving(), "m", outs[0], rest(), tools, thinking=True)]
+
+    events = asyncio.run(collect())
+    kinds = [e["type"] for e in events]
+    starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    assert kinds[:2] == ["message_start", "ping"] and kinds[-2:] == ["message_delta", "message_stop"]
+    assert starts == ["thinking", "text", "tool_use"]
+    deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+    assert "".join(d.get("thinking", "") for d in deltas) == "The user wants the weather."
+    assert "".join(d.get("text", "") for d in deltas).strip() == "Let me look."
+    assert json.loads("".join(d.get("partial_json", "") for d in deltas)) == {"city": "Paris"}
+    assert [e["index"] for e in events if e["type"] == "content_block_stop"] == [0, 1, 2]
+    assert events[-2]["delta"]["stop_reason"] == "tool_use" and events[-2]["usage"]["output_tokens"] == len(pieces)
