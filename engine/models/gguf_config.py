@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ import numpy as np
 _GEMMA_HIDDEN_SCALED = {("gemma2", 46), ("gemma3", 62)}
 
 
+_SWAP_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def parsed_once() -> Iterator[None]:
     """Within the block, each GGUF file is parsed once and gguf's tensor-name map built
@@ -30,23 +34,25 @@ def parsed_once() -> Iterator[None]:
     config, the tokenizer and the weights; this module twice), and a 49k-token vocabulary
     takes about 5 s to parse on 2 cores; transformers also rebuilt the name map for every
     module (7 s). transformers imports both from `gguf` at call time, so they are swapped
-    there, for this block only."""
+    there, for this block only; one block at a time in a process, so that two threads
+    never restore each other's swap."""
     import gguf
 
-    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict[tuple[str, str], Any] = {}
+    with _SWAP_LOCK:
+        real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        readers: dict[tuple[str, str], Any] = {}
 
-    def reader(path: Any, mode: str = "r") -> Any:
-        key = (str(Path(path).resolve()), mode)
-        if key not in readers:
-            readers[key] = real_reader(path, mode)
-        return readers[key]
+        def reader(path: Any, mode: str = "r") -> Any:
+            key = (str(Path(path).resolve()), mode)
+            if key not in readers:
+                readers[key] = real_reader(path, mode)
+            return readers[key]
 
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(real_map)
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(real_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
 
 
 def _fields(path: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:

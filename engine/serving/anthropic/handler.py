@@ -30,9 +30,10 @@ from engine.serving.openai.protocol import (
 from engine.serving.openai.streams import Choice, collect
 from engine.serving.tools import calls as tools_mod
 
-# engine and chat field names -> the Messages request's own
-NAMES = {"prompt": "messages", "stop": "stop_sequences", "max_completion_tokens": "max_tokens"}
-RENAME = {"messages": "messages", "stop": "stop_sequences", "max_completion_tokens": "max_tokens"}
+# engine field names -> the Messages request's own (its max_tokens is the chat request's)
+NAMES = {"prompt": "messages", "stop": "stop_sequences"}
+# chat request fields -> the Messages request's own, for errors the chat route raises
+RENAME = {"stop": "stop_sequences"}
 
 
 async def create(serving: OpenAIServing, req: MessagesRequest) -> MessagesResponse | AsyncIterator[str]:
