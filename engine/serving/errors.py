@@ -75,6 +75,19 @@ def speaks_anthropic(path: str) -> bool:
     return path.startswith("/v1/messages")
 
 
+def renamed(exc: APIError, rename: Mapping[str, str], whole: frozenset[str] = frozenset()) -> APIError:
+    """An error about a chat request's field, pointed at the field the client sent to a
+    route that is translated into chat (Responses, Anthropic): `rename` maps the field's
+    head (`stop` of `stop[2]`) to the client's; for a head in `whole` the client's field is
+    named without the rest of the path, which does not index into it."""
+    param = exc.detail.param
+    if param is not None:
+        head = param.split("[", 1)[0].split(".", 1)[0]
+        if head in rename:
+            exc.detail.param = rename[head] if head in whole else rename[head] + param[len(head):]
+    return exc
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param, code)
 

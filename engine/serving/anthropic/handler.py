@@ -21,7 +21,7 @@ from engine.serving.anthropic.protocol import (
 )
 from engine.serving.anthropic.outcome import stop_reason, usage_of
 from engine.serving.anthropic.stream import stream_message
-from engine.serving.errors import APIError, bad_request
+from engine.serving.errors import APIError, bad_request, renamed
 from engine.serving.openai.handlers import OpenAIServing
 from engine.serving.openai.protocol import (
     ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDef, FunctionName, NamedToolChoice, TextPart, Tool,
@@ -48,7 +48,7 @@ async def create(serving: OpenAIServing, req: MessagesRequest) -> MessagesRespon
     try:
         _, (first, gen), tools = await serving.start_chat(chat, dict(NAMES))
     except APIError as exc:
-        raise renamed(exc) from None
+        raise renamed(exc, RENAME) from None
     if req.stream:
         return stream_message(serving, serving.model_name, first, gen, tools, thinking)
     choice = Choice()
@@ -78,7 +78,7 @@ async def count_tokens(serving: OpenAIServing, req: CountTokensRequest) -> Token
         tools = tools_mod.active_tools(chat.tools, chat.tool_choice)
         ids = await serving.chat_prompt_async(chat.messages, True, tools)
     except APIError as exc:
-        raise renamed(exc) from None
+        raise renamed(exc, RENAME) from None
     return TokenCount(input_tokens=len(ids))
 
 
@@ -100,7 +100,7 @@ def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(part) for part in err["loc"]) or "messages"
-        raise renamed(bad_request(f"{field}: {err['msg']}", field)) from None
+        raise renamed(bad_request(f"{field}: {err['msg']}", field), RENAME) from None
 
 
 def _system(system: str | list) -> str | list[TextPart]:
@@ -183,13 +183,3 @@ def tool_input(arguments: str) -> dict | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def renamed(exc: APIError) -> APIError:
-    """An error about a chat field, pointed at the Messages field the client sent."""
-    param = exc.detail.param
-    if param is not None:
-        head = param.split("[", 1)[0].split(".", 1)[0]
-        if head in RENAME:
-            exc.detail.param = RENAME[head] + param[len(head):]
-    return exc

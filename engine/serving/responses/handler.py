@@ -23,7 +23,7 @@ from pydantic import TypeAdapter
 from engine.client.async_llm import StreamOutput
 from engine.messages import TokenLogprobs
 from engine.serving import jsontext
-from engine.serving.errors import APIError, bad_request
+from engine.serving.errors import APIError, bad_request, renamed
 from engine.serving.openai.handlers import OpenAIServing
 from engine.serving.openai.protocol import (
     ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDef, FunctionName, JSONSchemaFormat, NamedToolChoice,
@@ -64,7 +64,7 @@ async def create(serving: OpenAIServing, req: ResponsesRequest) -> Response | As
     try:
         _, (first, gen), tools = await serving.start_chat(chat, dict(NAMES))
     except APIError as exc:
-        raise _renamed(exc) from None
+        raise renamed(exc, RENAME, frozenset({"messages"})) from None
     resp = Response(model=serving.model_name, status="in_progress", **_echo(req))
     if req.stream:
         return _stream(serving, req, resp, first, gen, tools, conversation)
@@ -153,15 +153,6 @@ def _wants_logprobs(req: ResponsesRequest) -> bool:
 def _logprobs(serving: OpenAIServing, lps: list[TokenLogprobs]) -> list[dict[str, Any]]:
     """Tokens' logprobs in the Responses shape, which is chat's: token, logprob, bytes, top_logprobs."""
     return [x.model_dump() for x in serving.logprobs.chat(lps).content or []] if lps else []
-
-
-def _renamed(exc: APIError) -> APIError:
-    param = exc.detail.param
-    if param is not None:
-        head = param.split("[", 1)[0].split(".", 1)[0]
-        if head in RENAME:
-            exc.detail.param = RENAME[head] + param[len(head):] if head != "messages" else "input"
-    return exc
 
 
 def _echo(req: ResponsesRequest) -> dict[str, Any]:
