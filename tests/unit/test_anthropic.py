@@ -108,7 +108,9 @@ def test_a_streamed_think_block_and_call_are_thinking_text_and_tool_use_blocks_i
     tools = [Tool.model_validate({"type": "function", "function": {"name": "get_weather", "parameters": TOOL[
         "input_schema"]}})]
 
-    class Serving:  # the one thing the stream asks of OpenAIServing
+    class Serving:  # what the stream asks of OpenAIServing
+        model_name = "m"
+
         def splitter(self, tools, stream=False):
             return Splitter(tools, "hermes", "qwen3", stream)
 
@@ -117,7 +119,7 @@ def test_a_streamed_think_block_and_call_are_thinking_text_and_tool_use_blocks_i
             for out in outs[1:]:
                 yield out
         return [json.loads(e.split("data: ", 1)[1]) async for e in
-                stream_message(Serving(), "m", outs[0], rest(), tools, thinking=True)]
+                stream_message(Serving(), outs[0], rest(), tools, thinking=True)]
 
     events = asyncio.run(collect())
     kinds = [e["type"] for e in events]

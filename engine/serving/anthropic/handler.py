@@ -39,9 +39,9 @@ RENAME = {"stop": "stop_sequences"}
 async def create(serving: OpenAIServing, req: MessagesRequest) -> MessagesResponse | AsyncIterator[str]:
     if req.max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {req.max_tokens}", "max_tokens")
+    budget = req.thinking.budget_tokens if req.thinking is not None else None
     thinking = req.thinking is not None and req.thinking.type == "enabled"
-    if thinking and req.thinking is not None and req.thinking.budget_tokens is not None \
-            and not 0 < req.thinking.budget_tokens < req.max_tokens:
+    if thinking and budget is not None and not 0 < budget < req.max_tokens:
         raise bad_request("thinking.budget_tokens must be positive and less than max_tokens (the think block "
                           "and the answer share max_tokens here)", "thinking.budget_tokens")
     chat = chat_request(req)
@@ -50,7 +50,7 @@ async def create(serving: OpenAIServing, req: MessagesRequest) -> MessagesRespon
     except APIError as exc:
         raise renamed(exc, RENAME) from None
     if req.stream:
-        return stream_message(serving, serving.model_name, first, gen, tools, thinking)
+        return stream_message(serving, first, gen, tools, thinking)
     choice = Choice()
     last = await collect([(first, gen)], [choice], 0, 1)
     reasoning, text, calls = serving.split(choice.text, tools)

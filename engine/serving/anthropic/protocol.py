@@ -21,10 +21,6 @@ def message_id() -> str:
     return f"msg_{uuid.uuid4().hex}"
 
 
-def tool_use_id() -> str:
-    return f"toolu_{uuid.uuid4().hex[:24]}"
-
-
 # -- request content blocks ------------------------------------------------------------
 class TextBlock(StrictModel):
     type: Literal["text"]

@@ -49,9 +49,9 @@ class _Blocks:
         return events
 
 
-async def stream_message(serving: OpenAIServing, model: str, first: StreamOutput, gen: AsyncIterator[StreamOutput],
+async def stream_message(serving: OpenAIServing, first: StreamOutput, gen: AsyncIterator[StreamOutput],
                          tools: list[Tool], thinking: bool) -> AsyncIterator[str]:
-    start = MessagesResponse(model=model, usage=usage_of(first, 0))
+    start = MessagesResponse(model=serving.model_name, usage=usage_of(first, 0))
     splitter = serving.splitter(tools, stream=True)
     blocks = _Blocks()
     choice = Choice()
