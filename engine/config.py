@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from engine import kv_groups as kv_plan
 from engine.errors import ParamError
 from engine.kv_groups import KVGroups
+from engine.pooling import PoolerConfig
 
 if TYPE_CHECKING:  # torch loads where an engine is built, not where a config is only read
     import torch
@@ -118,6 +119,9 @@ class EngineConfig(BaseModel):
     # Structured outputs compile on a thread beside the core; a constraint that has not
     # compiled in this many seconds fails its request (400) and is refused at once after.
     grammar_compile_timeout_s: float = Field(10.0, gt=0, le=600)
+    # Embeddings (engine/pooling.py): how the last hidden states are pooled. None: a
+    # sentence-transformers checkpoint's own Pooling module, or no embeddings at all.
+    pooler: PoolerConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "EngineConfig":
@@ -126,6 +130,9 @@ class EngineConfig(BaseModel):
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                 f"max_num_seqs ({self.max_num_seqs}): every running sequence needs one token a step"
             )
+        if self.pooler is not None and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise ParamError("pooler", "embeddings are served by a single-rank engine: pooler needs "
+                             "tensor_parallel_size and pipeline_parallel_size 1")
         if self.dtype == "float16" and self.device == "cpu":
             raise ValueError("dtype float16 is not supported on device cpu; use float32 or bfloat16")
         return self

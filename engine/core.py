@@ -44,7 +44,7 @@ class EngineCore:
         if isinstance(cmd, AddRequest):
             try:
                 queued = engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params, cmd.cache_salt,
-                                            cmd.priority)
+                                            cmd.priority, cmd.pooling)
             except Exception as exc:  # noqa: BLE001 - a bad request fails alone
                 self.emit(Added(cmd.request_id, ErrorInfo.of(exc)))
             else:

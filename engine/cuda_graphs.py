@@ -142,7 +142,7 @@ class DecodeGraphs:
         """The graph size for a pure decode step, or None when it must run eagerly."""
         n = step.input_ids.shape[0]
         if (step.num_decodes != n or step.seq_lens.shape[0] != n or step.logits_indices.shape[0] != n
-                or step.copies.shape[0] or step.block_tables.shape[1] > self.width):
+                or step.copies.shape[0] or step.pool_indices.shape[0] or step.block_tables.shape[1] > self.width):
             return None
         return bucket(n, self.sizes)
 

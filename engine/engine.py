@@ -15,7 +15,7 @@ from collections import deque
 
 import torch
 
-from engine import intake, prompts, spec
+from engine import intake, pooling, prompts, spec
 from engine.advance import SequenceAdvancer
 from engine.compiling import CompileWaits
 from engine.beam import BeamSearch
@@ -26,8 +26,9 @@ from engine.executor import create_executor
 from engine.kv_cache_manager import KVCacheManager
 from engine.models import loader
 from engine.messages import CompletionDelta, ModelInfo, RequestDelta, StepOutput
+from engine.pooling import PoolingParams
 from engine.request import Request
-from engine.runner import StepInput, StepLogits, prepare
+from engine.runner import StepInput, StepLogits, prepare, split_result
 from engine.sampler import Sampler, make_generator
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Batch, Scheduler
@@ -55,6 +56,8 @@ class LLMEngine:
         self.eos_token_ids = loader.eos_token_ids(hf_config, generation, self.tokenizer)
         self.sampling_defaults = loader.sampling_defaults(generation)
         self.hf_id = loader.hf_id(files)
+        # Embeddings: the config's pooler, else a sentence-transformers checkpoint's own.
+        self.pooler = config.pooler or pooling.from_checkpoint(files.path, hf_config)
 
         sc = config.speculative_config
         draft = spec.check(config, placement, files, hf_config, self.tokenizer)
@@ -96,7 +99,8 @@ class LLMEngine:
     def info(self) -> ModelInfo:
         """The facts a client needs once, at start."""
         return ModelInfo(self.model_name, self.hf_id, self.max_model_len, self.hf_config.vocab_size,
-                         self.sampling_defaults, self.stats())
+                         self.sampling_defaults, self.stats(),
+                         self.hf_config.hidden_size if self.pooler is not None else None)
 
     # -- requests -----------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -109,14 +113,24 @@ class LLMEngine:
         params: SamplingParams | None = None,
         cache_salt: str | None = None,
         priority: int = 0,
+        pooling_params: PoolingParams | None = None,
     ) -> bool:
         """Queue a request. `params` were validated where the request entered (LLM.generate,
         AsyncLLM.generate: SamplingParams.validate); this raises
         ParamError naming the field for what only the engine can check (engine/intake.py).
         `priority` orders the queue when the config's scheduling_policy is "priority".
 
+        With `pooling_params` it is an embedding request: its prompt is pooled (the engine's
+        pooler) and nothing is sampled; `params` are then ignored.
+
         False when its constraint is still compiling (off this thread): `compiles.poll`
         says when it has been queued, or why it failed."""
+        if pooling_params is not None:
+            if self.pooler is None:
+                raise ParamError("model", f"{self.model_name} serves no embeddings: set engine.pooler "
+                                 "(last or mean pooling) in its preset, or serve an embedding checkpoint")
+            pooling.check(pooling_params, self.pooler, self.hf_config.hidden_size)
+            params = SamplingParams(max_tokens=1, temperature=0.0)
         params = params or SamplingParams()
         if priority != 0 and self.config.scheduling_policy != "priority":
             raise ParamError("priority", "priority needs the engine's scheduling_policy to be \"priority\"")
@@ -127,9 +141,11 @@ class LLMEngine:
         token_ids = self.tokenize(prompt)
         admitted = intake.admit(token_ids, params, vocab_size=self.hf_config.vocab_size,
                                 max_model_len=self.max_model_len, max_num_seqs=self.config.max_num_seqs,
-                                tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids, device=self.device)
+                                tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids, device=self.device,
+                                pooling=pooling_params is not None)
+
         def queue() -> None:
-            self._queue(request_id, token_ids, params, admitted, cache_salt, priority)
+            self._queue(request_id, token_ids, params, admitted, cache_salt, priority, pooling_params)
 
         if params.structured is not None:
             return self.compiles.start(request_id, params.structured, queue)
@@ -137,12 +153,14 @@ class LLMEngine:
         return True
 
     def _queue(self, request_id: str, token_ids: list[int], params: SamplingParams, admitted: intake.Admitted,
-               cache_salt: str | None, priority: int) -> None:
+               cache_salt: str | None, priority: int, pooling_params: PoolingParams | None = None) -> None:
         now = time.monotonic()
         seq = self.advancer.new_seq(request_id, token_ids, params, admitted, 0, cache_salt, now)
         seq.priority = priority
         req = Request(request_id, params, [seq], [Detokenizer(self.tokenizer, token_ids, params)], now,
                       pending_forks=0 if params.use_beam_search else params.n - 1)
+        if pooling_params is not None and self.pooler is not None:
+            seq.pool, req.pooling = self.pooler.pooling_type, pooling_params
         if params.use_beam_search:
             req.beam = BeamSearch(params.n, admitted.max_tokens, params.length_penalty, params.early_stopping,
                                   frozenset(() if params.ignore_eos else self.eos_token_ids),
@@ -202,7 +220,7 @@ class LLMEngine:
             self._inflight.append((batch, step))
         if self._inflight and (len(self._inflight) >= depth or not batch.seqs):
             done, step = self._inflight.popleft()
-            outputs = self._complete(done, step, self.executor.result(), stats)
+            outputs = self._complete(done, step, *split_result(self.executor.result()), stats)
         self.tracker.gauges(stats)
         self.tracker.add(stats)
         return StepOutput(outputs, stats)
@@ -218,8 +236,8 @@ class LLMEngine:
         for i, seq in zip(at, seqs):
             batch.num_new[i] = 1 + len(seq.spec_token_ids)
 
-    def _complete(self, batch: Batch, step: StepInput, logits: torch.Tensor, stats: StepStats
-                  ) -> list[RequestDelta]:
+    def _complete(self, batch: Batch, step: StepInput, logits: torch.Tensor, pooled: torch.Tensor | None,
+                  stats: StepStats) -> list[RequestDelta]:
         for seq, n in zip(batch.seqs, batch.num_new):
             seq.in_flight = False
             if seq.finished:  # aborted while its batch was in flight
@@ -227,6 +245,7 @@ class LLMEngine:
             stats.prompt_tokens_computed += max(0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens))
             seq.num_computed_tokens += n
         self.tracker.track_waste()
+        embedded = self._pool(step, pooled, stats) if step.pool_spans else []
         k = sum(step.rows)
         out = StepLogits(logits[:k], step.sampling, step.rows, step.prompt_spans, logits[k:])
         row = 0
@@ -235,7 +254,33 @@ class LLMEngine:
             if req is not None and not seq.finished:  # else aborted while in flight
                 req.score_prompt(seq, first, out.prompt_logits[row:row + count])
             row += count
-        return self.advancer.advance(out, stats)
+        return embedded + self.advancer.advance(out, stats)
+
+    def _pool(self, step: StepInput, pooled: torch.Tensor | None, stats: StepStats) -> list[RequestDelta]:
+        """Fold this step's hidden-state rows into each embedding request's pooling; a request
+        whose prompt is now computed gets its vector and ends, freeing its blocks at once."""
+        assert pooled is not None and self.pooler is not None
+        pooled = pooled.float()
+        outputs, row, now = [], 0, time.monotonic()
+        for seq, first, count in step.pool_spans:
+            rows, row = pooled[row:row + count], row + count
+            req = self.requests.get(seq.request_id)
+            if req is None or seq.finished or req.pooling is None:  # aborted while in flight
+                continue
+            if seq.pool == "mean":  # a preempted prompt is recomputed from its start
+                total = rows.sum(0)
+                seq.pool_sum = total if first == 0 or seq.pool_sum is None else seq.pool_sum + total
+            if seq.num_computed_tokens < seq.num_prompt_tokens:
+                continue
+            vector = rows[-1] if seq.pool == "last" else seq.pool_sum / seq.num_prompt_tokens
+            req.embedding = pooling.finish(vector, req.pooling, self.pooler)
+            seq.finish_reason = req.delta(seq).finish_reason = "stop"
+            req.metrics.first_token_time, req.metrics.first_scheduled_time = now, seq.first_scheduled_time
+            stats.prompt_tokens += seq.num_prompt_tokens
+            self.advancer.retire(seq)
+            del self.requests[req.request_id]
+            outputs.append(req.take_output())
+        return outputs
 
     # -- statistics ---------------------------------------------------------------
     def gauges(self) -> StepStats:

@@ -37,11 +37,18 @@ def check_token_ids(vocab_size: int, prompt: list[int], params: SamplingParams) 
 
 def admit(prompt: list[int], params: SamplingParams, *, vocab_size: int, max_model_len: int,
           max_num_seqs: int, tokenizer: Any, eos_token_ids: list[int],
-          device: torch.device | None = None) -> Admitted:
+          device: torch.device | None = None, pooling: bool = False) -> Admitted:
+    """An embedding request (`pooling`) generates nothing: its prompt may fill max_model_len."""
     if not prompt:
         raise ParamError("prompt", "prompt must not be empty")
     check_token_ids(vocab_size, prompt, params)
     n_prompt = len(prompt)
+    if pooling:
+        if n_prompt > max_model_len:
+            raise ParamError("prompt", f"prompt has {n_prompt} tokens; max_model_len is {max_model_len}")
+        from engine.rules import TokenRules
+
+        return Admitted(0, TokenRules())
     if n_prompt >= max_model_len:
         raise ParamError("prompt", f"prompt has {n_prompt} tokens; max_model_len is {max_model_len}, which must "
                          "also leave room for at least one generated token")

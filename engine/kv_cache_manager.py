@@ -75,9 +75,10 @@ class KVCacheManager:
         group has cached; group 0's blocks (allocate finds the others' by the same keys).
 
         The last known token is never served from the cache: its logits are needed. Nor is
-        anything of a request that wants prompt logprobs: they come from computing the prompt.
+        anything of a request that wants prompt logprobs, or a mean-pooled embedding: they
+        come from computing the whole prompt.
         """
-        if not self.enable_caching or seq.params.prompt_logprobs is not None:
+        if not self.enable_caching or seq.params.prompt_logprobs is not None or seq.pool == "mean":
             return []
         limit = (seq.num_tokens - 1) // self.block_size
         hits: list[Block] = []

@@ -11,7 +11,8 @@ from tqdm.auto import tqdm
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.errors import EngineDeadError, ParamError
-from engine.outputs import BeamSearchOutput, Collector, RequestOutput
+from engine.outputs import BeamSearchOutput, Collector, EmbeddingOutput, RequestOutput
+from engine.pooling import PoolingParams
 from engine.prompts import Message, apply_chat_template
 from engine.sampling_params import BeamSearchParams, SamplingParams
 from engine.stats import EngineStats
@@ -44,8 +45,7 @@ class LLM:
         the model's own defaults (`get_default_sampling_params()`), as the service gives a
         request that sets nothing."""
         self._check_alive()
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+        prompts = _as_list(prompts)
         if params is None:
             params = self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
@@ -71,6 +71,29 @@ class LLM:
                 self.engine.abort(rid)
             raise
         return self._run(ids, collector, use_tqdm)
+
+    def embed(self, prompts: str | Sequence[str] | Sequence[list[int]], params: PoolingParams | None = None,
+              use_tqdm: bool = False) -> list[EmbeddingOutput]:
+        """One vector per prompt, in input order, pooled as the engine's pooler says
+        (engine/pooling.py). The prompts run as prefills beside any other work."""
+        self._check_alive()
+        prompts = _as_list(prompts)
+        params = (params or PoolingParams()).validate()
+        ids: list[str] = []
+        collector = Collector()
+        try:
+            for prompt in prompts:
+                rid = str(next(self._ids))
+                token_ids = self.engine.tokenize(prompt)
+                self.engine.add_request(rid, token_ids, pooling_params=params)
+                collector.expect(rid, prompt if isinstance(prompt, str) else None, token_ids)
+                ids.append(rid)
+        except ValueError:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        return [EmbeddingOutput(o.request_id, o.prompt, o.prompt_token_ids, o.embedding or [])
+                for o in self._run(ids, collector, use_tqdm)]
 
     def beam_search(self, prompts: str | Sequence[str] | Sequence[list[int]], params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
@@ -142,3 +165,10 @@ class LLM:
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
+
+
+def _as_list(prompts: str | Sequence[str] | Sequence[list[int]]) -> list:
+    """One prompt (text or token ids) or a list of them, as a list."""
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    return list(prompts)

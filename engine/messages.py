@@ -19,6 +19,7 @@ from __future__ import annotations
 import msgspec
 
 from engine.errors import ParamError
+from engine.pooling import PoolingParams
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats, StepStats
 
@@ -79,6 +80,7 @@ class RequestDelta(msgspec.Struct, array_like=True):
     metrics: RequestMetrics | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # once, when the whole prompt is scored
     finish_reasons: list[str] | None = None
+    embedding: list[float] | None = None  # an embedding request's vector, with its finished output
 
 
 class ErrorInfo(msgspec.Struct, array_like=True):
@@ -107,6 +109,7 @@ class ModelInfo(msgspec.Struct, array_like=True):
     vocab_size: int
     sampling_defaults: dict[str, int | float]  # generation_config.json, for fields a request leaves unset
     stats: EngineStats  # the pool before the first step
+    embedding_size: int | None = None  # the pooled vector's length; None: the engine serves no embeddings
 
 
 # -- commands: client -> core ----------------------------------------------------------
@@ -119,6 +122,7 @@ class AddRequest(msgspec.Struct, tag="add", array_like=True):
     params: SamplingParams
     cache_salt: str | None = None
     priority: int = 0
+    pooling: PoolingParams | None = None  # an embedding request: pool the prompt, sample nothing
 
 
 class AbortRequest(msgspec.Struct, tag="abort", array_like=True):

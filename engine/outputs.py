@@ -37,6 +37,17 @@ class RequestOutput:
     metrics: RequestMetrics | None = field(default=None, repr=False)
     # None for the first prompt token (nothing predicts it), then TokenLogprobs for each other.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    embedding: list[float] | None = None  # an embedding request's vector (LLM.embed)
+
+
+@dataclass
+class EmbeddingOutput:
+    """One input's embedding (LLM.embed): the pooled, optionally normalized vector."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    embedding: list[float]
 
 
 @dataclass
@@ -94,6 +105,8 @@ class Folder:
         out.finished, out.num_cached_tokens, out.metrics = delta.finished, delta.num_cached_tokens, delta.metrics
         if delta.prompt_logprobs is not None:
             out.prompt_logprobs = delta.prompt_logprobs
+        if delta.embedding is not None:
+            out.embedding = delta.embedding
         if delta.finished:
             for comp in out.outputs:
                 comp.text = "".join(self._parts[comp.index])

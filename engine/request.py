@@ -13,6 +13,7 @@ import torch
 from engine.beam import BeamSearch
 from engine.detokenizer import Detokenizer
 from engine.messages import CompletionDelta, RequestDelta, RequestMetrics, TokenLogprobs
+from engine.pooling import PoolingParams
 from engine.sampler import token_logprobs
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
@@ -35,6 +36,8 @@ class Request:
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
     beam: BeamSearch | None = None  # beam search's state; then `seqs` are the live beams
+    pooling: PoolingParams | None = None  # set for an embedding request (engine/pooling.py)
+    embedding: list[float] | None = None  # its vector, once pooled
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(self.arrival_time)
@@ -98,6 +101,6 @@ class Request:
         out = RequestDelta(
             self.request_id, first.num_prompt_tokens, list(self.deltas.values()), finished, num_output,
             first.num_cached_tokens, msgspec.structs.replace(self.metrics), prompt_lps,
-            reasons if finished else None)
+            reasons if finished else None, self.embedding)
         self.deltas = {}
         return out

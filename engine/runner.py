@@ -45,6 +45,9 @@ class StepTensors:
     # The other KV groups' tables and slots (engine/kv_groups.py), when the model has several.
     group_tables: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, 0, dtype=torch.int64))
     group_slots: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.int64))
+    # Rows whose final hidden states embedding requests pool (engine/pooling.py). Never
+    # packed: a pooling engine has one rank (EngineConfig refuses parallelism with a pooler).
+    pool_indices: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
 
     def pack(self) -> tuple[torch.Tensor, torch.Tensor]:
         n, (s, w) = self.input_ids.shape[0], self.block_tables.shape
@@ -73,7 +76,7 @@ class StepTensors:
             return self
         moved = [t.to(device, non_blocking=True) for t in (
             self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.query_start_loc,
-            self.seq_lens, self.logits_indices, self.copies, self.group_tables, self.group_slots)]
+            self.seq_lens, self.logits_indices, self.copies, self.group_tables, self.group_slots, self.pool_indices)]
         return StepTensors(*moved[:8], self.num_decodes, *moved[8:])
 
 
@@ -87,6 +90,17 @@ class StepInput:
     # (sequence, first position, count) for prompt tokens whose logprobs were asked for;
     # their logits rows follow the sampling rows, in this order.
     prompt_spans: list[tuple[Sequence, int, int]]
+    # (sequence, first position, count) whose hidden states an embedding request pools, in
+    # the order of StepTensors.pool_indices: a mean its chunk's every row, a last its final one.
+    pool_spans: list[tuple[Sequence, int, int]] = field(default_factory=list)
+
+
+# What a pass gives back: the logits, and with them the pooled rows when the step has some.
+StepResult = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+def split_result(result: StepResult) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return result if isinstance(result, tuple) else (result, None)
 
 
 @dataclass
@@ -136,7 +150,8 @@ def prepare(batch: Batch, kv_manager: KVCacheManager) -> StepInput:
     ids, positions, slots, table_np, starts = flatten(
         tokens, computed.tolist(), [kv_manager.block_ids(r) for r in reqs], kv_manager.block_size)
 
-    sampling_rows = [i for i, r in enumerate(reqs) if seq_lens[i] == r.num_tokens + len(r.spec_token_ids)]
+    sampling_rows = [i for i, r in enumerate(reqs)
+                     if seq_lens[i] == r.num_tokens + len(r.spec_token_ids) and r.pool is None]
     rows = [1 + len(reqs[i].spec_token_ids) for i in sampling_rows]
     # each sampling sequence's last rows[i] positions, in order
     counts = np.array(rows, dtype=np.int64)
@@ -152,6 +167,16 @@ def prepare(batch: Batch, kv_manager: KVCacheManager) -> StepInput:
                 spans.append((r, c, count))
                 logits_idx = np.concatenate((logits_idx, np.arange(starts[i], starts[i] + count)))
 
+    pool_spans: list[tuple[Sequence, int, int]] = []
+    pool_idx: list[np.ndarray] = []
+    for i, r in enumerate(reqs):
+        if r.pool == "mean":
+            pool_spans.append((r, int(computed[i]), int(num_new[i])))
+            pool_idx.append(np.arange(starts[i], starts[i + 1]))
+        elif r.pool == "last" and seq_lens[i] == r.num_tokens:
+            pool_spans.append((r, int(seq_lens[i]) - 1, 1))
+            pool_idx.append(np.array([starts[i + 1] - 1]))
+
     tensors = StepTensors(
         input_ids=torch.tensor(ids, dtype=torch.int64),
         positions=torch.from_numpy(positions),
@@ -162,6 +187,8 @@ def prepare(batch: Batch, kv_manager: KVCacheManager) -> StepInput:
         logits_indices=torch.from_numpy(np.asarray(logits_idx, dtype=np.int64)),
         copies=torch.tensor(batch.copies, dtype=torch.int64).view(-1, 2),
         num_decodes=int((num_new == 1).sum()),
+        pool_indices=torch.from_numpy(np.concatenate(pool_idx).astype(np.int64)) if pool_idx
+        else torch.zeros(0, dtype=torch.int64),
     )
     if kv_manager.num_groups > 1:
         req_of_token = np.repeat(np.arange(len(reqs)), num_new)
@@ -169,7 +196,7 @@ def prepare(batch: Batch, kv_manager: KVCacheManager) -> StepInput:
                                  kv_manager.block_size) for g in range(1, kv_manager.num_groups)]
         tensors.group_tables = torch.from_numpy(np.stack([t for t, _ in extra]))
         tensors.group_slots = torch.from_numpy(np.stack([s for _, s in extra]))
-    return StepInput(tensors, [reqs[i] for i in sampling_rows], rows, spans)
+    return StepInput(tensors, [reqs[i] for i in sampling_rows], rows, spans, pool_spans)
 
 
 class ModelRunner:
@@ -206,7 +233,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None  # engine/cuda_graphs.py, set once captured
 
     @torch.inference_mode()
-    def forward(self, step: StepTensors, hidden: torch.Tensor | None = None) -> torch.Tensor | None:
+    def forward(self, step: StepTensors, hidden: torch.Tensor | None = None) -> StepResult | None:
         """This rank's part of the pass: logits on the rank that samples, the hidden state
         for the next stage on a pipeline's other stages, None on the other tensor ranks. A
         decode step that a captured CUDA graph holds replays it."""
@@ -217,7 +244,7 @@ class ModelRunner:
         return self.eager(step, hidden)
 
     @torch.inference_mode()
-    def eager(self, step: StepTensors, hidden: torch.Tensor | None = None) -> torch.Tensor | None:
+    def eager(self, step: StepTensors, hidden: torch.Tensor | None = None) -> StepResult | None:
         if not self._threads_bound:
             kernels.cpu.bind_threads(self.cores)
             self._threads_bound = True
@@ -227,7 +254,7 @@ class ModelRunner:
                 kernels.copy_blocks(k, v, step.copies[:, 0], step.copies[:, 1])
         metas = self.metas(step)
         return self.model(step.input_ids, step.positions, self.kv_caches, [metas[g] for g in self.groups.group_of],
-                          step.logits_indices, hidden)
+                          step.logits_indices, hidden, step.pool_indices)
 
     def metas(self, step: StepTensors) -> list[AttnMetadata]:
         """Each KV group's attention metadata: its own tables and slots, the batch's shape."""

@@ -61,6 +61,10 @@ class Sequence:
     spec_token_ids: list[int] = field(default_factory=list)
     spec_probs: torch.Tensor | None = None
     num_draft_computed: int = 0
+    # An embedding request's pooling ("last" or "mean", engine/pooling.py): it samples
+    # nothing and ends once its prompt is computed; a mean's running sum over the prompt.
+    pool: str | None = None
+    pool_sum: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -39,6 +39,7 @@ from engine.client.observers import RequestTracer, StepObserver
 from engine.errors import EngineDeadError, ParamError
 from engine.messages import AddRequest, CompletionDelta, ModelInfo, RequestDelta, RequestMetrics, StepOutput, TokenLogprobs
 from engine.models import loader
+from engine.pooling import PoolingParams
 from engine.prompts import encode_prompt
 from engine.sampling_params import SamplingParams
 
@@ -64,6 +65,7 @@ class StreamOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # once, on the first item that has them
     metrics: RequestMetrics | None = field(default=None, repr=False)  # the engine's timings so far
     finish_reasons: list[str] | None = None  # by sequence index, on the item that finishes it
+    embedding: list[float] | None = None  # an embedding request's vector, on its one item
 
     @classmethod
     def fold(cls, prompt_token_ids: list[int], outs: list[RequestDelta]) -> StreamOutput:
@@ -71,7 +73,8 @@ class StreamOutput:
         last = outs[-1]
         if len(outs) == 1:
             return cls(last.request_id, prompt_token_ids, last.deltas, last.finished, last.num_output_tokens,
-                       last.num_cached_tokens, last.prompt_logprobs, last.metrics, last.finish_reasons)
+                       last.num_cached_tokens, last.prompt_logprobs, last.metrics, last.finish_reasons,
+                       last.embedding)
         merged: dict[int, CompletionDelta] = {}
         for out in outs:
             for d in out.deltas:
@@ -82,7 +85,7 @@ class StreamOutput:
                         d, token_ids=list(d.token_ids), logprobs=None if d.logprobs is None else list(d.logprobs))
         prompt_lps = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
         return cls(last.request_id, prompt_token_ids, list(merged.values()), last.finished, last.num_output_tokens,
-                   last.num_cached_tokens, prompt_lps, last.metrics, last.finish_reasons)
+                   last.num_cached_tokens, prompt_lps, last.metrics, last.finish_reasons, last.embedding)
 
 
 def _deliver(items: list[tuple[_Stream, RequestDelta]]) -> None:
@@ -202,6 +205,7 @@ class AsyncLLM:
         operation: str = "text_completion",
         served_model: str | None = None,
         priority: int = 0,
+        pooling_params: PoolingParams | None = None,
     ) -> AsyncIterator[StreamOutput]:
         """Queue a request and yield its deltas until it finishes.
 
@@ -210,11 +214,14 @@ class AsyncLLM:
         and EngineDeadError if the engine is or becomes dead. Leaving the loop early
         (break, cancellation, a disconnected client) aborts the request. With a `tracer`
         (engine/serving/tracing.py), each request is one span, named for `operation` and
-        the model name clients use (`served_model`, default the engine's).
+        the model name clients use (`served_model`, default the engine's). With
+        `pooling_params` it is an embedding request: one finished item carries the vector.
         """
         request_id = request_id or uuid.uuid4().hex
         ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
         params = (params or SamplingParams()).validate()  # the one check; the engine process trusts it
+        if pooling_params is not None:
+            pooling_params.validate()
         intake.check_token_ids(self.info.vocab_size, ids, params)
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
@@ -233,7 +240,7 @@ class AsyncLLM:
         out, error = None, None
         try:
             try:
-                self._core.add(AddRequest(request_id, ids, params, cache_salt, priority))
+                self._core.add(AddRequest(request_id, ids, params, cache_salt, priority, pooling_params))
             except OSError:  # the engine process is gone; the core reports the death to the stream
                 pass
             except BaseException:  # never handed over: nothing will ever answer this stream

@@ -278,11 +278,18 @@ class DecoderForCausalLM(nn.Module):
         metas: list[AttnMetadata],
         logits_indices: torch.Tensor,
         hidden: torch.Tensor | None = None,
-    ) -> torch.Tensor | None:
+        pool_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
         """fp32 logits only at logits_indices (sampling needs no others) on the rank that
         samples; a later stage's input (`hidden`) on the others of a pipeline; None on the
         other tensor ranks of the last stage. kv_caches and metas are per layer: a hybrid
-        model's local and global layers read their KV through their own block tables."""
+        model's local and global layers read their KV through their own block tables.
+        With pool_indices (a single-rank engine's embedding requests), the logits and the
+        final-normed hidden states at those rows."""
+        pooling = pool_indices is not None and pool_indices.shape[0] > 0
+        num_logits = logits_indices.shape[0]
+        if pooling:  # one pass keeps both kinds of rows
+            logits_indices = torch.cat([logits_indices, pool_indices])
         h = self.embed(input_ids) if self.first else hidden
         ropes = [(getattr(self, f"cos_cache{i}")[positions].to(h.dtype),
                   getattr(self, f"sin_cache{i}")[positions].to(h.dtype)) for i in range(len(self.rope_kinds))]
@@ -303,9 +310,12 @@ class DecoderForCausalLM(nn.Module):
         if not self.last:
             return h
         h = self.norm(h if picked else h[logits_indices])
+        pooled = h[num_logits:] if pooling else None
+        h = h[:num_logits] if pooling else h
         head = getattr(self, "head", None)
         logits = (head(h) if head is not None else F.linear(h, self.lm_head_weight)).float()
-        return self._gather(self._finish(logits))
+        logits = self._gather(self._finish(logits))
+        return (logits, pooled) if pooled is not None and logits is not None else logits
 
     def _finish(self, logits: torch.Tensor) -> torch.Tensor:
         """Granite's logit scaling and Gemma 2's final soft-cap, per vocabulary shard."""

@@ -33,7 +33,7 @@ from engine.serving.anthropic.protocol import CountTokensRequest, MessagesReques
 from engine.serving.errors import (
     APIError, anthropic_error_event, anthropic_error_response, error_response, openai_error_event, to_api_error,
 )
-from engine.serving.openai import completions
+from engine.serving.openai import completions, embeddings
 from engine.serving.openai.handlers import OpenAIServing
 from engine.serving.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
@@ -105,6 +105,10 @@ async def _chat(s: OpenAIServing, req: ChatCompletionRequest) -> Any:
 
 async def _completions(s: OpenAIServing, req: CompletionRequest) -> Any:
     return await completions.complete(s, req)
+
+
+async def _embeddings(s: OpenAIServing, req: embeddings.EmbeddingRequest) -> Any:
+    return await embeddings.embed(s, req)
 
 
 async def _tokenize(s: OpenAIServing, req: TokenizeRequest) -> Any:
@@ -207,6 +211,7 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
     return Starlette(exception_handlers={404: http_error, 405: http_error}, routes=[
         Route("/v1/chat/completions", route(ChatCompletionRequest, _chat), methods=["POST"]),
         Route("/v1/completions", route(CompletionRequest, _completions), methods=["POST"]),
+        Route("/v1/embeddings", route(embeddings.EmbeddingRequest, _embeddings), methods=["POST"]),
         Route("/v1/responses", route(ResponsesRequest, _responses), methods=["POST"]),
         Route("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),
         Route("/v1/messages", anthropic_route(MessagesRequest, _messages), methods=["POST"]),

@@ -33,6 +33,7 @@ engine:
   max_num_batched_tokens: 512
   max_model_len: 512
   kv_cache_memory_bytes: 94371840
+  pooler: {pooling_type: mean}
 service:
   served_model_name: SmolLM2-135M-Instruct
   model_tag: smollm2-135m-instruct
