@@ -16,6 +16,7 @@ from engine import kv_groups as kv_plan
 from engine.errors import ParamError
 from engine.kv_groups import KVGroups
 from engine.pooling import PoolerConfig
+from engine.scoring import ScorerConfig
 
 if TYPE_CHECKING:  # torch loads where an engine is built, not where a config is only read
     import torch
@@ -122,6 +123,9 @@ class EngineConfig(BaseModel):
     # Embeddings (engine/pooling.py): how the last hidden states are pooled. None: a
     # sentence-transformers checkpoint's own Pooling module, or no embeddings at all.
     pooler: PoolerConfig | None = None
+    # Relevance scores (engine/scoring.py): a yes/no head over a causal LM's two tokens, and
+    # how query and document join. A sequence-classification checkpoint scores without it.
+    scorer: ScorerConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "EngineConfig":
@@ -130,9 +134,10 @@ class EngineConfig(BaseModel):
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                 f"max_num_seqs ({self.max_num_seqs}): every running sequence needs one token a step"
             )
-        if self.pooler is not None and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
-            raise ParamError("pooler", "embeddings are served by a single-rank engine: pooler needs "
-                             "tensor_parallel_size and pipeline_parallel_size 1")
+        for key in ("pooler", "scorer"):
+            if getattr(self, key) is not None and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+                raise ParamError(key, f"embeddings and scores are served by a single-rank engine: {key} needs "
+                                 "tensor_parallel_size and pipeline_parallel_size 1")
         if self.dtype == "float16" and self.device == "cpu":
             raise ValueError("dtype float16 is not supported on device cpu; use float32 or bfloat16")
         return self

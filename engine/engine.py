@@ -15,7 +15,7 @@ from collections import deque
 
 import torch
 
-from engine import intake, pooling, prompts, spec
+from engine import intake, pooling, prompts, scoring, spec
 from engine.advance import SequenceAdvancer
 from engine.compiling import CompileWaits
 from engine.beam import BeamSearch
@@ -58,6 +58,12 @@ class LLMEngine:
         self.hf_id = loader.hf_id(files)
         # Embeddings: the config's pooler, else a sentence-transformers checkpoint's own.
         self.pooler = config.pooler or pooling.from_checkpoint(files.path, hf_config)
+        # Scores: a sequence-classification checkpoint's head, or the config's yes/no tokens.
+        # Such a checkpoint has no LM head: it scores and embeds, and generates nothing.
+        self.generates = not scoring.is_classifier(hf_config)
+        scorer = config.scorer or (scoring.ScorerConfig() if not self.generates else None)
+        self.score_template = scorer.template if scorer is not None else None
+        self.score_head = scoring.head(files.path, hf_config, self.tokenizer, scorer) if scorer else None
 
         sc = config.speculative_config
         draft = spec.check(config, placement, files, hf_config, self.tokenizer)
@@ -100,7 +106,8 @@ class LLMEngine:
         """The facts a client needs once, at start."""
         return ModelInfo(self.model_name, self.hf_id, self.max_model_len, self.hf_config.vocab_size,
                          self.sampling_defaults, self.stats(),
-                         self.hf_config.hidden_size if self.pooler is not None else None)
+                         self.hf_config.hidden_size if self.pooler is not None else None,
+                         self.score_head is not None, self.score_template, self.generates)
 
     # -- requests -----------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -126,11 +133,11 @@ class LLMEngine:
         False when its constraint is still compiling (off this thread): `compiles.poll`
         says when it has been queued, or why it failed."""
         if pooling_params is not None:
-            if self.pooler is None:
-                raise ParamError("model", f"{self.model_name} serves no embeddings: set engine.pooler "
-                                 "(last or mean pooling) in its preset, or serve an embedding checkpoint")
-            pooling.check(pooling_params, self.pooler, self.hf_config.hidden_size)
+            self._check_pooling(pooling_params)
             params = SamplingParams(max_tokens=1, temperature=0.0)
+        elif not self.generates:
+            raise ParamError("model", f"{self.model_name} is a sequence-classification checkpoint: it has no "
+                             "LM head to generate with; it serves scores (and embeddings with a pooler)")
         params = params or SamplingParams()
         if priority != 0 and self.config.scheduling_policy != "priority":
             raise ParamError("priority", "priority needs the engine's scheduling_policy to be \"priority\"")
@@ -152,6 +159,17 @@ class LLMEngine:
         queue()
         return True
 
+    def _check_pooling(self, params: PoolingParams) -> None:
+        if params.task == "score":
+            if self.score_head is None:
+                raise ParamError("model", f"{self.model_name} serves no scores: serve a sequence-classification "
+                                 "checkpoint, or set engine.scorer (classifier_from_token) in its preset")
+            return
+        if self.pooler is None:
+            raise ParamError("model", f"{self.model_name} serves no embeddings: set engine.pooler "
+                             "(last or mean pooling) in its preset, or serve an embedding checkpoint")
+        pooling.check(params, self.pooler, self.hf_config.hidden_size)
+
     def _queue(self, request_id: str, token_ids: list[int], params: SamplingParams, admitted: intake.Admitted,
                cache_salt: str | None, priority: int, pooling_params: PoolingParams | None = None) -> None:
         now = time.monotonic()
@@ -159,8 +177,9 @@ class LLMEngine:
         seq.priority = priority
         req = Request(request_id, params, [seq], [Detokenizer(self.tokenizer, token_ids, params)], now,
                       pending_forks=0 if params.use_beam_search else params.n - 1)
-        if pooling_params is not None and self.pooler is not None:
-            seq.pool, req.pooling = self.pooler.pooling_type, pooling_params
+        if pooling_params is not None:
+            seq.pool = "last" if pooling_params.task == "score" else self.pooler.pooling_type  # type: ignore[union-attr]
+            req.pooling = pooling_params
         if params.use_beam_search:
             req.beam = BeamSearch(params.n, admitted.max_tokens, params.length_penalty, params.early_stopping,
                                   frozenset(() if params.ignore_eos else self.eos_token_ids),
@@ -259,7 +278,7 @@ class LLMEngine:
     def _pool(self, step: StepInput, pooled: torch.Tensor | None, stats: StepStats) -> list[RequestDelta]:
         """Fold this step's hidden-state rows into each embedding request's pooling; a request
         whose prompt is now computed gets its vector and ends, freeing its blocks at once."""
-        assert pooled is not None and self.pooler is not None
+        assert pooled is not None
         pooled = pooled.float()
         outputs, row, now = [], 0, time.monotonic()
         for seq, first, count in step.pool_spans:
@@ -273,7 +292,10 @@ class LLMEngine:
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 continue
             vector = rows[-1] if seq.pool == "last" else seq.pool_sum / seq.num_prompt_tokens
-            req.embedding = pooling.finish(vector, req.pooling, self.pooler)
+            if req.pooling.task == "score":
+                req.pooled = scoring.scores(self.score_head, vector)  # type: ignore[arg-type]
+            else:
+                req.pooled = pooling.finish(vector, req.pooling, self.pooler)  # type: ignore[arg-type]
             seq.finish_reason = req.delta(seq).finish_reason = "stop"
             req.metrics.first_token_time, req.metrics.first_scheduled_time = now, seq.first_scheduled_time
             stats.prompt_tokens += seq.num_prompt_tokens

@@ -11,8 +11,9 @@ from tqdm.auto import tqdm
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.errors import EngineDeadError, ParamError
-from engine.outputs import BeamSearchOutput, Collector, EmbeddingOutput, RequestOutput
+from engine.outputs import BeamSearchOutput, Collector, EmbeddingOutput, RequestOutput, ScoreOutput
 from engine.pooling import PoolingParams
+from engine.scoring import prompt_ids
 from engine.prompts import Message, apply_chat_template
 from engine.sampling_params import BeamSearchParams, SamplingParams
 from engine.stats import EngineStats
@@ -76,24 +77,47 @@ class LLM:
               use_tqdm: bool = False) -> list[EmbeddingOutput]:
         """One vector per prompt, in input order, pooled as the engine's pooler says
         (engine/pooling.py). The prompts run as prefills beside any other work."""
-        self._check_alive()
-        prompts = _as_list(prompts)
         params = (params or PoolingParams()).validate()
+        if params.task != "embed":
+            raise ParamError("task", "LLM.embed takes embedding PoolingParams; LLM.score scores")
+        given = _as_list(prompts)
+        outs = self._pool([(p if isinstance(p, str) else None, self.engine.tokenize(p)) for p in given], params,
+                          use_tqdm)
+        return [EmbeddingOutput(o.request_id, o.prompt, o.prompt_token_ids, o.pooled or []) for o in outs]
+
+    def score(self, text_1: str | Sequence[str], text_2: str | Sequence[str], use_tqdm: bool = False
+              ) -> list[ScoreOutput]:
+        """Relevance of each (text_1, text_2) pair, as vLLM pairs them: one text_1 against
+        every text_2, or the two lists index by index (engine/scoring.py)."""
+        firsts = [text_1] if isinstance(text_1, str) else list(text_1)
+        seconds = [text_2] if isinstance(text_2, str) else list(text_2)
+        if len(firsts) == 1:
+            firsts = firsts * len(seconds)
+        if len(firsts) != len(seconds) or not seconds:
+            raise ParamError("text_2", f"got {len(firsts)} text_1 and {len(seconds)} text_2: give one text_1, "
+                             "or as many as text_2 (at least one)")
+        template = self.engine.score_template
+        prompts = [(None, prompt_ids(self.tokenizer, a, b, template)) for a, b in zip(firsts, seconds)]
+        outs = self._pool(prompts, PoolingParams(task="score"), use_tqdm)
+        return [ScoreOutput(o.request_id, o.prompt_token_ids, o.pooled or []) for o in outs]
+
+    def _pool(self, prompts: list[tuple[str | None, list[int]]], params: PoolingParams, use_tqdm: bool
+              ) -> list[RequestOutput]:
+        """Run pooling requests, each (its text if it had one, its token ids), to the end."""
+        self._check_alive()
         ids: list[str] = []
         collector = Collector()
         try:
-            for prompt in prompts:
+            for text, token_ids in prompts:
                 rid = str(next(self._ids))
-                token_ids = self.engine.tokenize(prompt)
                 self.engine.add_request(rid, token_ids, pooling_params=params)
-                collector.expect(rid, prompt if isinstance(prompt, str) else None, token_ids)
+                collector.expect(rid, text, token_ids)
                 ids.append(rid)
         except ValueError:
             for rid in ids:
                 self.engine.abort(rid)
             raise
-        return [EmbeddingOutput(o.request_id, o.prompt, o.prompt_token_ids, o.embedding or [])
-                for o in self._run(ids, collector, use_tqdm)]
+        return self._run(ids, collector, use_tqdm)
 
     def beam_search(self, prompts: str | Sequence[str] | Sequence[list[int]], params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:

@@ -80,7 +80,7 @@ class RequestDelta(msgspec.Struct, array_like=True):
     metrics: RequestMetrics | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # once, when the whole prompt is scored
     finish_reasons: list[str] | None = None
-    embedding: list[float] | None = None  # an embedding request's vector, with its finished output
+    pooled: list[float] | None = None  # a pooling request's embedding or scores, with its finished output
 
 
 class ErrorInfo(msgspec.Struct, array_like=True):
@@ -110,6 +110,9 @@ class ModelInfo(msgspec.Struct, array_like=True):
     sampling_defaults: dict[str, int | float]  # generation_config.json, for fields a request leaves unset
     stats: EngineStats  # the pool before the first step
     embedding_size: int | None = None  # the pooled vector's length; None: the engine serves no embeddings
+    scores: bool = False  # whether it serves relevance scores (engine/scoring.py)
+    score_template: str | None = None  # how query and document join; None: the tokenizer's pair encoding
+    generates: bool = True  # False for a sequence-classification checkpoint: it has no LM head
 
 
 # -- commands: client -> core ----------------------------------------------------------

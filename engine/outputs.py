@@ -37,7 +37,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = field(default=None, repr=False)
     # None for the first prompt token (nothing predicts it), then TokenLogprobs for each other.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
-    embedding: list[float] | None = None  # an embedding request's vector (LLM.embed)
+    pooled: list[float] | None = None  # a pooling request's embedding or scores (LLM.embed, LLM.score)
 
 
 @dataclass
@@ -48,6 +48,20 @@ class EmbeddingOutput:
     prompt: str | None
     prompt_token_ids: list[int]
     embedding: list[float]
+
+
+@dataclass
+class ScoreOutput:
+    """One (query, document) pair's relevance (LLM.score): the head's sigmoid for one
+    label, its softmax over several (`scores`); `score` is the first."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    scores: list[float]
+
+    @property
+    def score(self) -> float:
+        return self.scores[0]
 
 
 @dataclass
@@ -105,8 +119,8 @@ class Folder:
         out.finished, out.num_cached_tokens, out.metrics = delta.finished, delta.num_cached_tokens, delta.metrics
         if delta.prompt_logprobs is not None:
             out.prompt_logprobs = delta.prompt_logprobs
-        if delta.embedding is not None:
-            out.embedding = delta.embedding
+        if delta.pooled is not None:
+            out.pooled = delta.pooled
         if delta.finished:
             for comp in out.outputs:
                 comp.text = "".join(self._parts[comp.index])

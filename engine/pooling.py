@@ -38,12 +38,16 @@ class PoolerConfig(BaseModel):
 
 
 class PoolingParams(msgspec.Struct, kw_only=True, array_like=True):
-    """One embedding request's options; None leaves the engine's pooler to decide."""
+    """One pooling request's options: an embedding (None leaves the engine's pooler to
+    decide) or, with task "score", the scoring head's scores at the last token (engine/scoring.py)."""
 
+    task: str = "embed"
     dimensions: int | None = None
     normalize: bool | None = None
 
     def validate(self) -> PoolingParams:
+        if self.task not in ("embed", "score"):
+            raise ParamError("task", f"task must be \"embed\" or \"score\", got {self.task!r}")
         if self.dimensions is not None and (type(self.dimensions) is not int or self.dimensions < 1):
             raise ParamError("dimensions", f"dimensions must be a positive integer, got {self.dimensions!r}")
         if self.normalize is not None and type(self.normalize) is not bool:

@@ -37,7 +37,7 @@ class Request:
     prompt_logprobs_sent: bool = False
     beam: BeamSearch | None = None  # beam search's state; then `seqs` are the live beams
     pooling: PoolingParams | None = None  # set for an embedding request (engine/pooling.py)
-    embedding: list[float] | None = None  # its vector, once pooled
+    pooled: list[float] | None = None  # its embedding or scores, once pooled
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(self.arrival_time)
@@ -101,6 +101,6 @@ class Request:
         out = RequestDelta(
             self.request_id, first.num_prompt_tokens, list(self.deltas.values()), finished, num_output,
             first.num_cached_tokens, msgspec.structs.replace(self.metrics), prompt_lps,
-            reasons if finished else None, self.embedding)
+            reasons if finished else None, self.pooled)
         self.deltas = {}
         return out

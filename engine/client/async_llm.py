@@ -65,7 +65,7 @@ class StreamOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # once, on the first item that has them
     metrics: RequestMetrics | None = field(default=None, repr=False)  # the engine's timings so far
     finish_reasons: list[str] | None = None  # by sequence index, on the item that finishes it
-    embedding: list[float] | None = None  # an embedding request's vector, on its one item
+    pooled: list[float] | None = None  # a pooling request's embedding or scores, on its one item
 
     @classmethod
     def fold(cls, prompt_token_ids: list[int], outs: list[RequestDelta]) -> StreamOutput:
@@ -74,7 +74,7 @@ class StreamOutput:
         if len(outs) == 1:
             return cls(last.request_id, prompt_token_ids, last.deltas, last.finished, last.num_output_tokens,
                        last.num_cached_tokens, last.prompt_logprobs, last.metrics, last.finish_reasons,
-                       last.embedding)
+                       last.pooled)
         merged: dict[int, CompletionDelta] = {}
         for out in outs:
             for d in out.deltas:
@@ -85,7 +85,7 @@ class StreamOutput:
                         d, token_ids=list(d.token_ids), logprobs=None if d.logprobs is None else list(d.logprobs))
         prompt_lps = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
         return cls(last.request_id, prompt_token_ids, list(merged.values()), last.finished, last.num_output_tokens,
-                   last.num_cached_tokens, prompt_lps, last.metrics, last.finish_reasons, last.embedding)
+                   last.num_cached_tokens, prompt_lps, last.metrics, last.finish_reasons, last.pooled)
 
 
 def _deliver(items: list[tuple[_Stream, RequestDelta]]) -> None:

@@ -221,6 +221,9 @@ class DecoderForCausalLM(nn.Module):
             self.register_buffer(f"cos_cache{i}", cos, persistent=False)
             self.register_buffer(f"sin_cache{i}", sin, persistent=False)
         self.fused = False
+        # A sequence-classification checkpoint has no LM head: it is left unloaded and the
+        # engine never samples from it (engine/scoring.py scores its hidden states).
+        self.headless = False
 
     @property
     def graph_safe(self) -> bool:

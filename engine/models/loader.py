@@ -268,6 +268,7 @@ def build_model(
     embedding for quantized ones, releasing the fp32 tensors."""
     import torch
 
+    from engine import scoring
     from engine.models import packed_linear, registry
 
     torch.manual_seed(seed)
@@ -282,10 +283,16 @@ def build_model(
                     p.normal_(0.0, getattr(config, "initializer_range", 0.02))
     else:
         assert files is not None
+        weights = iter_weights(files)
+        if scoring.is_classifier(config):  # its head is engine/scoring.py's; it has no LM head to load
+            model.headless = True
+            weights = ((name, src) for name, src in weights if not name.startswith("score."))
         try:
-            model.load_weights(iter_weights(files))
+            model.load_weights(weights)
         except ValueError as exc:  # a tensor missing, extra or misshapen: the checkpoint's fault
             raise ParamError("model", f"{files.source}: {exc}") from None
+        if model.headless and model.last and not model.tie:
+            model.lm_head.weight.data.zero_()  # never read; not left as uninitialized memory
     model = model.to(dtype=dtype).eval()
     if quantization is not None:
         from engine.models import quantize

@@ -77,7 +77,7 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]]) -> No
             tensor = src[:]
         _copy(param, tensor, name)
         loaded.add(name)
-    _check_complete(params, loaded)
+    _check_complete(params, loaded, model.headless)
 
 
 def _module(model: DecoderForCausalLM, path: str, name: str):
@@ -165,7 +165,8 @@ def _fused_range(owner, target: str, shard: int) -> tuple[int, int]:
     return sum(sizes[:shard]), sizes[shard]
 
 
-def _check_complete(params: dict[str, torch.Tensor], loaded: set[str]) -> None:
+def _check_complete(params: dict[str, torch.Tensor], loaded: set[str], headless: bool = False) -> None:
+    """Every parameter loaded; a headless model's (sequence classification) LM head excepted."""
     expected = set()
     for name in params:
         leaf = name.split(".")[-2] if "." in name else name
@@ -179,6 +180,8 @@ def _check_complete(params: dict[str, torch.Tensor], loaded: set[str]) -> None:
             expected |= {f"{name}#{e}" for e in range(params[name].shape[0])}
         else:
             expected.add(name)
+    if headless:
+        expected.discard("lm_head.weight")
     missing = sorted(expected - loaded)
     if missing:
         raise ValueError(f"checkpoint is missing weights: {missing[:5]}{'...' if len(missing) > 5 else ''}")

@@ -29,6 +29,8 @@ from engine.serving import tracing
 from engine.serving import jsontext
 from engine.serving.deadlines import ClientGone, deadline, sse_events, unless_disconnected
 from engine.serving.anthropic import handler as anthropic
+from engine.serving.rerank import handler as rerank
+from engine.serving.rerank.protocol import RerankRequest, ScoreRequest
 from engine.serving.anthropic.protocol import CountTokensRequest, MessagesRequest
 from engine.serving.errors import (
     APIError, anthropic_error_event, anthropic_error_response, error_response, openai_error_event, to_api_error,
@@ -109,6 +111,14 @@ async def _completions(s: OpenAIServing, req: CompletionRequest) -> Any:
 
 async def _embeddings(s: OpenAIServing, req: embeddings.EmbeddingRequest) -> Any:
     return await embeddings.embed(s, req)
+
+
+async def _score(s: OpenAIServing, req: ScoreRequest) -> Any:
+    return await rerank.score(s, req)
+
+
+async def _rerank(s: OpenAIServing, req: RerankRequest) -> Any:
+    return await rerank.rerank(s, req)
 
 
 async def _tokenize(s: OpenAIServing, req: TokenizeRequest) -> Any:
@@ -212,6 +222,9 @@ def create_app(get_serving: GetServing, max_body_bytes: int = DEFAULT_MAX_BODY,
         Route("/v1/chat/completions", route(ChatCompletionRequest, _chat), methods=["POST"]),
         Route("/v1/completions", route(CompletionRequest, _completions), methods=["POST"]),
         Route("/v1/embeddings", route(embeddings.EmbeddingRequest, _embeddings), methods=["POST"]),
+        Route("/v1/score", route(ScoreRequest, _score), methods=["POST"]),
+        Route("/v1/rerank", route(RerankRequest, _rerank), methods=["POST"]),
+        Route("/v2/rerank", route(RerankRequest, _rerank), methods=["POST"]),
         Route("/v1/responses", route(ResponsesRequest, _responses), methods=["POST"]),
         Route("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),
         Route("/v1/messages", anthropic_route(MessagesRequest, _messages), methods=["POST"]),

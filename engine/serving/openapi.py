@@ -24,6 +24,7 @@ from engine.serving.anthropic.protocol import (
     CountTokensRequest, ErrorBody, MessagesRequest, MessagesResponse, TokenCount,
 )
 from engine.serving.openai.embeddings import EmbeddingRequest, EmbeddingResponse
+from engine.serving.rerank.protocol import RerankRequest, RerankResponse, ScoreRequest, ScoreResponse
 from engine.serving.responses.protocol import Response, ResponseDeleted, ResponsesRequest
 
 ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model",
@@ -33,6 +34,9 @@ POSTS: list[tuple[str, str, type[BaseModel], type[BaseModel], bool]] = [
     ("/v1/chat/completions", "Create a chat completion", ChatCompletionRequest, ChatCompletionResponse, True),
     ("/v1/completions", "Create a completion", CompletionRequest, CompletionResponse, True),
     ("/v1/embeddings", "Create embeddings (models with a pooler)", EmbeddingRequest, EmbeddingResponse, False),
+    ("/v1/score", "Relevance of text pairs (models with a scoring head)", ScoreRequest, ScoreResponse, False),
+    ("/v1/rerank", "Rerank documents for a query (Jina's shape)", RerankRequest, RerankResponse, False),
+    ("/v2/rerank", "Rerank documents for a query (Cohere's v2 path)", RerankRequest, RerankResponse, False),
     ("/tokenize", "Token ids of a prompt or of chat messages", TokenizeRequest, TokenizeResponse, False),
     ("/detokenize", "Text of token ids", DetokenizeRequest, DetokenizeResponse, False),
     ("/v1/responses", "Create a response (OpenAI's Responses API)", ResponsesRequest, Response, True),

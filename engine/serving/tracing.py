@@ -28,7 +28,7 @@ ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 # token. At c=64 those took about 40% of the HTTP worker's CPU per token (session 20),
 # time taken from the engine's cores. The engine's own span (start_span) stands for the
 # request and continues the caller's trace; every other route keeps BentoML's spans.
-GENERATION_ROUTES = r"/(v1/completions|v1/chat/completions|v1/responses|v1/messages|v1/embeddings|generate|chat)/?(\?|$)"
+GENERATION_ROUTES = r"/(v1/completions|v1/chat/completions|v1/responses|v1/messages|v1/embeddings|v1/score|v1/rerank|v2/rerank|generate|chat)/?(\?|$)"
 
 
 def setup_from_env(service_name: str = "pagedserve") -> bool:

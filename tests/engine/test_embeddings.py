@@ -110,8 +110,8 @@ def test_mean_pooling_runs_beside_generation_through_chunks_and_preemption(tiny_
         out = engine.step()
         preempted += out.stats.preemptions
         for d in out.outputs:
-            if d.embedding is not None:
-                vectors[d.request_id] = d.embedding
+            if d.pooled is not None:
+                vectors[d.request_id] = d.pooled
             elif d.deltas:
                 done.setdefault(d.request_id, []).extend(t for c in d.deltas for t in c.token_ids)
     assert preempted > 0, "the pool was meant to be small enough to preempt"

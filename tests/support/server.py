@@ -34,6 +34,9 @@ engine:
   max_model_len: 512
   kv_cache_memory_bytes: 94371840
   pooler: {pooling_type: mean}
+  scorer:
+    classifier_from_token: ["no", "yes"]
+    template: "Query: {query}\\nDocument: {document}\\nDoes the document answer the query? Answer yes or no: "
 service:
   served_model_name: SmolLM2-135M-Instruct
   model_tag: smollm2-135m-instruct

@@ -88,9 +88,9 @@ async def embed(serving: OpenAIServing, req: EmbeddingRequest) -> EmbeddingRespo
         async for out in serving.llm.generate(ids, None, f"{rid}-{i}", salt, "embeddings", serving.model_name,
                                               req.priority, pooling):
             last = out
-        if last is None or last.embedding is None:  # aborted: the server is going away
+        if last is None or last.pooled is None:  # aborted: the server is going away
             raise APIError(503, "the embedding request was aborted before it finished", "server_error")
-        return last.embedding
+        return last.pooled
 
     results = await asyncio.gather(*(one(i, ids) for i, ids in enumerate(prompts)), return_exceptions=True)
     err = next((r for r in results if isinstance(r, BaseException)), None)

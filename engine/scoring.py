@@ -1,0 +1,98 @@
+"""Relevance scores (/v1/score, /v1/rerank, LLM.score): a query and a document as one
+prompt, scored at its last token by a small linear head over the final-normed hidden
+state. Two kinds of checkpoint carry such a head:
+
+- a sequence-classification checkpoint (`*ForSequenceClassification`): its `score.weight`,
+  one row per label (one label: a sigmoid; several: a softmax, as transformers' pipeline);
+- a causal LM asked a yes/no question (Qwen3-Reranker): `classifier_from_token: [no, yes]`
+  makes the head the difference of the two tokens' LM-head rows, so the score is
+  sigmoid(l_yes - l_no), the softmax's P(yes) over the two (vLLM's conversion, the same sum).
+
+How query and document join is the checkpoint's convention: a `template` with `{query}`
+and `{document}`, or else the tokenizer's pair encoding (what transformers gives a
+cross-encoder called with text and text_pair).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from engine.errors import ParamError
+
+if TYPE_CHECKING:
+    import torch
+
+
+class ScorerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    classifier_from_token: tuple[str, str] | None = None  # [no, yes]: a yes/no question to a causal LM
+    template: str | None = None  # with {query} and {document}; None: the tokenizer's pair encoding
+
+    @field_validator("template")
+    @classmethod
+    def _placeholders(cls, v: str | None) -> str | None:
+        if v is not None and ("{query}" not in v or "{document}" not in v):
+            raise ParamError("scorer.template", "scorer.template needs both {query} and {document}")
+        return v
+
+
+def is_classifier(hf_config: Any) -> bool:
+    return any(a.endswith("ForSequenceClassification") for a in getattr(hf_config, "architectures", None) or [])
+
+
+def head(path: Path, hf_config: Any, tokenizer: Any, scorer: ScorerConfig) -> torch.Tensor:
+    """The head's fp32 rows, read from the checkpoint's safetensors (never the possibly
+    quantized weights the engine computes with)."""
+    import torch
+
+    if scorer.classifier_from_token is not None:
+        ids = []
+        for token in scorer.classifier_from_token:
+            found = tokenizer.encode(token, add_special_tokens=False)
+            if len(found) != 1:
+                raise ParamError("scorer.classifier_from_token", f"{token!r} is {len(found)} tokens for this "
+                                 "tokenizer; a yes/no head needs one token each")
+            ids.append(found[0])
+        tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        rows = _tensor(path, ("model.embed_tokens.weight", "embed_tokens.weight") if tied else ("lm_head.weight",))
+        no, yes = rows[ids[0]].float(), rows[ids[1]].float()
+        return (yes - no)[None, :]
+    if not is_classifier(hf_config):
+        raise ParamError("scorer", "scorer on a causal LM needs classifier_from_token (e.g. [\"no\", \"yes\"]); "
+                         "a sequence-classification checkpoint brings its own head")
+    weight = _tensor(path, ("score.weight",)).float()
+    if weight.dim() != 2 or weight.shape[1] != hf_config.hidden_size:
+        raise ParamError("model", f"score.weight has shape {tuple(weight.shape)}; expected [labels, "
+                         f"{hf_config.hidden_size}]")
+    return torch.as_tensor(weight)
+
+
+def scores(head_rows: torch.Tensor, hidden: torch.Tensor) -> list[float]:
+    """One label: its sigmoid; several: their softmax."""
+    import torch
+
+    logits = head_rows @ hidden.float()
+    return (torch.sigmoid(logits) if logits.shape[0] == 1 else torch.softmax(logits, dim=0)).tolist()
+
+
+def _tensor(path: Path, names: tuple[str, ...]) -> torch.Tensor:
+    from safetensors import safe_open
+
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in names:
+                if name in f.keys():
+                    return f.get_tensor(name)
+    raise ParamError("model", f"{path}: the checkpoint has no {' or '.join(names)} for the scoring head")
+
+
+def prompt_ids(tokenizer: Any, query: str, document: str, template: str | None) -> list[int]:
+    """The scored prompt's token ids: the template filled in, or the tokenizer's pair encoding."""
+    if template is not None:
+        return tokenizer.encode(template.replace("{query}", query).replace("{document}", document),
+                                add_special_tokens=False)
+    return tokenizer(query, text_pair=document)["input_ids"]
