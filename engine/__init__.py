@@ -21,17 +21,23 @@ _PUBLIC = {
     "CompletionOutput": "engine.outputs",
     "BeamSearchOutput": "engine.outputs",
     "BeamSearchSequence": "engine.outputs",
+    "EmbeddingOutput": "engine.outputs",
+    "ScoreOutput": "engine.outputs",
+    "PoolingParams": "engine.pooling",
     "ParamError": "engine.errors",
     "EngineDeadError": "engine.errors",
 }
 __all__ = ["LLM", "SamplingParams", "BeamSearchParams", "EngineConfig", "RequestOutput", "CompletionOutput",
-           "BeamSearchOutput", "BeamSearchSequence", "ParamError", "EngineDeadError"]
+           "BeamSearchOutput", "BeamSearchSequence", "EmbeddingOutput", "ScoreOutput", "PoolingParams", "ParamError",
+           "EngineDeadError"]
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.errors import EngineDeadError, ParamError
     from engine.llm import LLM
-    from engine.outputs import BeamSearchOutput, BeamSearchSequence, CompletionOutput, RequestOutput
+    from engine.outputs import (BeamSearchOutput, BeamSearchSequence, CompletionOutput, EmbeddingOutput,
+                                RequestOutput, ScoreOutput)
+    from engine.pooling import PoolingParams
     from engine.sampling_params import BeamSearchParams, SamplingParams
 
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import torch
 
 PoolingType = Literal["last", "mean"]
+MAX_DIMS = 1 << 20  # past any hidden size; an integer this bounded always crosses to the engine process
 
 
 class PoolerConfig(BaseModel):
@@ -48,8 +49,9 @@ class PoolingParams(msgspec.Struct, kw_only=True, array_like=True):
     def validate(self) -> PoolingParams:
         if self.task not in ("embed", "score"):
             raise ParamError("task", f"task must be \"embed\" or \"score\", got {self.task!r}")
-        if self.dimensions is not None and (type(self.dimensions) is not int or self.dimensions < 1):
-            raise ParamError("dimensions", f"dimensions must be a positive integer, got {self.dimensions!r}")
+        if self.dimensions is not None and (type(self.dimensions) is not int or not 1 <= self.dimensions <= MAX_DIMS):
+            raise ParamError("dimensions", f"dimensions must be an integer from 1 to {MAX_DIMS}, got "
+                             f"{self.dimensions!r}")
         if self.normalize is not None and type(self.normalize) is not bool:
             raise ParamError("normalize", f"normalize must be a boolean, got {self.normalize!r}")
         return self

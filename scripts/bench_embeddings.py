@@ -1,0 +1,131 @@
+"""What embedding requests cost the chats they share a server with.
+
+Starts `bentoml serve` once (the embedded model, a mean pooler, prefix caching off so
+every pass computes the same), then, in pairs, runs `--chats` streaming greedy chats
+alone and the same chats while an embedding client keeps `--embed-inputs` inputs of
+about `--embed-tokens` tokens in flight, one request after another. Per run: the chats'
+median decode rate (tokens after the first over the time after the first) and median
+time to first token, the embedding inputs served, and /stats' blocks in use afterwards.
+The order inside a pair alternates, so drift hits both sides.
+
+    python scripts/bench_embeddings.py --pairs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from servers import ROOT, all_cores, stop, wait_ready  # noqa: E402
+
+WORDS = ("the quick brown fox jumps over a lazy dog while paged attention keeps every key and value "
+         "in blocks of sixteen tokens mapped through a table ").split()
+
+
+def start(port: int, log: Path, max_num_seqs: int) -> subprocess.Popen:
+    preset = Path(tempfile.mkdtemp()) / "bench.yaml"
+    preset.write_text(json.dumps({
+        "engine": {"dtype": "float32", "max_num_seqs": max_num_seqs, "max_num_batched_tokens": 2048,
+                   "max_model_len": 1024, "kv_cache_memory_bytes": 1 << 30, "enable_prefix_caching": False,
+                   "pooler": {"pooling_type": "mean"}},
+        "service": {"traffic": {"timeout": 3600, "concurrency": 256}},
+    }))
+    env = {**os.environ, "PAGEDSERVE_CONFIG": str(preset)}
+    cmd = [str(Path(sys.executable).parent / "bentoml"), "serve", "service:LLMService", "--port", str(port)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            preexec_fn=all_cores)
+
+
+async def chat(c: httpx.AsyncClient, i: int, tokens: int) -> tuple[float, float]:
+    """(time to first token, decode tok/s) of one streamed greedy chat that ignores eos."""
+    body = {"stream": True, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            "messages": [{"role": "user", "content": f"Tell a long story about the number {i}."}]}
+    t0 = time.perf_counter()
+    first = last = None
+    count = 0
+    async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                count += 1
+    assert first is not None and last is not None and count > 1
+    return first - t0, (count - 1) / (last - first)
+
+
+async def embedder(c: httpx.AsyncClient, inputs: int, tokens: int, done: asyncio.Event) -> int:
+    """Embedding requests back to back until the chats are done; the inputs served."""
+    served = 0
+    k = 0
+    while not done.is_set():
+        texts = [" ".join(WORDS[(k + j + n) % len(WORDS)] for n in range(tokens)) for j in range(inputs)]
+        k += 1
+        r = await c.post("/v1/embeddings", json={"input": texts, "encoding_format": "float"})
+        r.raise_for_status()
+        served += len(r.json()["data"])
+    return served
+
+
+async def run(url: str, chats: int, tokens: int, embed: bool, inputs: int, embed_tokens: int) -> dict:
+    async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
+        done = asyncio.Event()
+        side = asyncio.create_task(embedder(c, inputs, embed_tokens, done)) if embed else None
+        results = await asyncio.gather(*(chat(c, i, tokens) for i in range(chats)))
+        done.set()
+        served = await side if side is not None else 0
+        used = (await c.get("/stats")).json()["blocks_used"]
+    return {"ttft": statistics.median(r[0] for r in results), "rate": statistics.median(r[1] for r in results),
+            "embedded": served, "blocks_used": used}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--chats", type=int, default=32)
+    ap.add_argument("--chat-tokens", type=int, default=64)
+    ap.add_argument("--embed-inputs", type=int, default=4, help="inputs per embedding request")
+    ap.add_argument("--embed-tokens", type=int, default=64, help="about this many tokens per input")
+    ap.add_argument("--port", type=int, default=3917)
+    args = ap.parse_args()
+    log = Path(tempfile.gettempdir()) / "bench_embeddings_server.log"
+    proc = start(args.port, log, max(64, args.chats + args.embed_inputs))
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        wait_ready(url, proc, 600, log)
+        asyncio.run(run(url, 4, 8, True, 2, 16))  # warm-up: both kinds of request once
+        rows = []
+        for p in range(args.pairs):
+            for embed in ((False, True) if p % 2 == 0 else (True, False)):
+                r = asyncio.run(run(url, args.chats, args.chat_tokens, embed, args.embed_inputs, args.embed_tokens))
+                rows.append((p, embed, r))
+                print(f"pair {p + 1} {'with embeddings' if embed else 'chats alone    '}: decode {r['rate']:6.2f} tok/s "
+                      f"per chat, TTFT {r['ttft'] * 1000:7.1f} ms, {r['embedded']} inputs embedded, "
+                      f"{r['blocks_used']} blocks in use after", flush=True)
+    finally:
+        stop(proc)
+    for name, key in (("decode tok/s per chat", "rate"), ("TTFT s", "ttft")):
+        alone = [r[key] for _, e, r in rows if not e]
+        mixed = [r[key] for _, e, r in rows if e]
+        ratios = [next(r[key] for q, e, r in rows if q == p and e) / next(r[key] for q, e, r in rows if q == p and not e)
+                  for p in range(args.pairs)]
+        spread = lambda xs: (max(xs) - min(xs)) / statistics.median(xs)  # noqa: E731
+        print(f"{name}: alone {min(alone):.3g}-{max(alone):.3g} (spread {spread(alone):.1%}), with embeddings "
+              f"{min(mixed):.3g}-{max(mixed):.3g} (spread {spread(mixed):.1%}); with / alone per pair: "
+              + ", ".join(f"{x:.3f}" for x in ratios))
+
+
+if __name__ == "__main__":
+    main()
