@@ -4,8 +4,8 @@ Tensor parallelism splits heads, so it runs on the embedded model (9 query heads
 heads: an uneven split at tp=2), a tiny random model with 4 KV heads, and one with a single
 KV head (replicated on both ranks). Pipeline parallelism splits layers, whatever the heads,
 so the embedded model covers it (the kv4 model's pipeline runs below, under preemption and
-in-flight aborts). Greedy output is compared to tp=1 on 16 prompts; the last position's
-logits must agree to 1e-4 relative.
+in-flight aborts). Greedy output is compared to tp=1 on 8 prompts of 12 to 40 tokens; the
+last position's logits must agree to 1e-4 relative.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ MODELS = {
 }
 LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2)}
 CASES = [("embedded", "tp2"), ("embedded", "pp2"), ("kv4", "tp2"), ("kv1", "tp2")]
-MAX_NEW = 16
-NUM_PROMPTS = 16
+MAX_NEW = 12
+NUM_PROMPTS = 8
 
 
 @pytest.fixture(scope="module")
 def prompts(tokenizer) -> list[list[int]]:
-    return [p[: 12 + 2 * i] for i, p in enumerate(make_prompts(tokenizer, NUM_PROMPTS, 44))]  # 12..42 tokens
+    return [p[: 12 + 4 * i] for i, p in enumerate(make_prompts(tokenizer, NUM_PROMPTS, 44))]  # 12..40 tokens
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_pipeline_keeps_batches_in_flight_through_preemption_and_chunking(model_
 
     block = kv_block_bytes(load_config(resolve(path)), 16, torch.float32)
     small = dict(dtype="float32", max_num_seqs=16, max_num_batched_tokens=64, max_model_len=128,
-                 kv_cache_memory_bytes=24 * block)
+                 kv_cache_memory_bytes=8 * block)
     ref = greedy(LLM(path, **small), prompts)
     with LLM(path, pipeline_parallel_size=2, **small) as llm:
         engine = llm.engine
