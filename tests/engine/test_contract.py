@@ -37,11 +37,19 @@ def test_a_step_message_does_not_grow_with_the_answer(tiny_model_factory):
     assert max(sizes) - min(sizes) < 96
 
 
+@pytest.fixture(scope="module")
+def oracle(hf_default, tokenizer) -> tuple[list[list[int]], list[list[int]]]:
+    """Six prompts and transformers' greedy continuations, computed once for both drivers."""
+    prompts = make_prompts(tokenizer, 6, 40)
+    with torch.no_grad():
+        return prompts, hf_greedy(hf_default, prompts, 24, tokenizer.eos_token_id)
+
+
 @pytest.mark.parametrize("driver", ["thread", "process"])
-def test_greedy_through_both_drivers_is_transformers(driver, hf_default, tokenizer):
+def test_greedy_through_both_drivers_is_transformers(driver, oracle):
     config = EngineConfig.create(dtype="float32", max_num_seqs=8, max_num_batched_tokens=96, max_model_len=256,
                                  kv_cache_memory_bytes=64 << 20)
-    prompts = make_prompts(tokenizer, 6, 40)
+    prompts, want = oracle
     llm = AsyncLLM.start(config) if driver == "process" else AsyncLLM(LLMEngine(config))
     params = SamplingParams(temperature=0.0, max_tokens=24)
 
@@ -55,8 +63,6 @@ def test_greedy_through_both_drivers_is_transformers(driver, hf_default, tokeniz
         got = asyncio.run(asyncio.wait_for(every(), 300))
     finally:
         llm.shutdown()
-    with torch.no_grad():
-        want = hf_greedy(hf_default, prompts, 24, tokenizer.eos_token_id)
     assert got == want
 
 

@@ -1,9 +1,10 @@
 """Tensor and pipeline parallelism over gloo: the same greedy output and logits as one process.
 
-Tensor parallelism splits heads, so it runs on the embedded model (9 query heads over 3 KV
-heads: an uneven split at tp=2), a tiny random model with 4 KV heads, and one with a single
-KV head (replicated on both ranks). Pipeline parallelism splits layers, whatever the heads,
-so the embedded model covers it (the kv4 model's pipeline runs below, under preemption and
+Tensor parallelism splits heads, so it runs on a tiny random model with the embedded
+model's head layout (9 query heads over 3 KV heads: an uneven split at tp=2), one with 4 KV
+heads, and one with a single KV head (replicated on both ranks); the README's snippet runs
+the embedded model itself at tp=2 (tests/engine/test_readme.py). Pipeline parallelism splits
+layers, whatever the heads, so the uneven model covers it (the kv4 model's pipeline runs below, under preemption and
 in-flight aborts). Greedy output is compared to tp=1 on 8 prompts of 12 to 40 tokens; the
 last position's logits must agree to 1e-4 relative.
 """
@@ -23,12 +24,12 @@ from tests.support.prompts import make_prompts
 pytestmark = pytest.mark.timeout(900)
 
 MODELS = {
-    "embedded": None,
+    "uneven": dict(hidden_size=72, num_attention_heads=9, num_key_value_heads=3),
     "kv4": dict(num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=False),
     "kv1": dict(num_attention_heads=4, num_key_value_heads=1),
 }
 LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2)}
-CASES = [("embedded", "tp2"), ("embedded", "pp2"), ("kv4", "tp2"), ("kv1", "tp2")]
+CASES = [("uneven", "tp2"), ("uneven", "pp2"), ("kv4", "tp2"), ("kv1", "tp2")]
 MAX_NEW = 12
 NUM_PROMPTS = 8
 
@@ -39,10 +40,9 @@ def prompts(tokenizer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def model_path(tiny_model_factory, default_model_dir):
+def model_path(tiny_model_factory):
     def path(name: str) -> str:
-        overrides = MODELS[name]
-        return str(default_model_dir if overrides is None else tiny_model_factory(f"par_{name}", **overrides))
+        return str(tiny_model_factory(f"par_{name}", **MODELS[name]))
 
     return path
 

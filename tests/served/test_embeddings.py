@@ -96,6 +96,7 @@ def test_embeddings_interleaved_with_32_streaming_chats_leave_no_block_in_use(se
     ({"input": "x", "dimensions": 16}, "dimensions"),
     ({"input": "x", "dimensions": 0}, "dimensions"),
     ({"input": "x", "dimensions": 10**30}, "dimensions"),
+    ({"input": "x", "priority": 10**30}, "priority"),
     ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
     ({"input": {"text": "x"}}, "input"),
 ])

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from engine.pooling import PoolingParams
 from engine.serving import tenancy
 from engine.serving.errors import APIError, bad_request, to_api_error
-from engine.serving.openai.protocol import StrictModel, random_id
+from engine.serving.openai.protocol import Priority, StrictModel, random_id
 from engine.serving.openai.replies import UsageInfo
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ class EmbeddingRequest(StrictModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None  # advisory, as OpenAI treats it
-    priority: int = 0  # vLLM's: with scheduling_policy "priority", lower runs first
+    priority: Priority = 0  # vLLM's: with scheduling_policy "priority", lower runs first
 
 
 class Embedding(BaseModel):

@@ -19,9 +19,14 @@ min_p, repetition_penalty, ...) are accepted as OpenAI's SDK sends them through
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+# A request's priority (scheduling_policy "priority"): bounded so that it always crosses to
+# the engine process as the 64-bit integer it is encoded as.
+Priority = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 
 
 def random_id(prefix: str) -> str:
@@ -177,7 +182,7 @@ class SamplingFields(StrictModel):
     prompt_logprobs: int | None = None  # not with stream: the answer carries them once, whole
     skip_special_tokens: bool = True
     cache_salt: str | None = Field(None, description="isolates this tenant's prefix-cache entries")
-    priority: int = 0  # lower is served first, with the engine's scheduling_policy "priority"
+    priority: Priority = 0  # lower is served first, with the engine's scheduling_policy "priority"
     # beam search over n beams, all returned best first (vLLM's fields; early_stopping as transformers')
     use_beam_search: bool = False
     length_penalty: float = 1.0

@@ -8,14 +8,14 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from engine.serving.openai.protocol import StrictModel
+from engine.serving.openai.protocol import Priority, StrictModel
 
 
 class ScoreRequest(StrictModel):
     model: str | None = None
     text_1: str | list[str]
     text_2: str | list[str]
-    priority: int = 0
+    priority: Priority = 0
 
 
 class ScoreData(BaseModel):
@@ -49,7 +49,7 @@ class RerankRequest(StrictModel):
     top_n: int | None = Field(None, ge=1)
     return_documents: bool = True
     max_tokens_per_doc: int | None = Field(None, ge=1)  # Cohere v2's: longer documents are cut to this
-    priority: int = 0
+    priority: Priority = 0
 
 
 class RerankDocument(BaseModel):
