@@ -2,13 +2,15 @@
 
 Starts `bentoml serve` once (the embedded model, a mean pooler, prefix caching off so
 every pass computes the same), then, in pairs, runs `--chats` streaming greedy chats
-alone and the same chats while an embedding client keeps `--embed-inputs` inputs of
-about `--embed-tokens` tokens in flight, one request after another. Per run: the chats'
+alone and the same chats while an embedding client sends requests of `--embed-inputs`
+inputs of about `--embed-tokens` tokens, each `--embed-interval` seconds after the last
+one's answer (0: back to back, the chats' worst case). Per run: the chats'
 median decode rate (tokens after the first over the time after the first) and median
 time to first token, the embedding inputs served, and /stats' blocks in use afterwards.
 The order inside a pair alternates, so drift hits both sides.
 
-    python scripts/bench_embeddings.py --pairs 3
+    python scripts/bench_embeddings.py --pairs 3                       # a request a second
+    python scripts/bench_embeddings.py --pairs 3 --embed-interval 0    # back to back
 """
 
 from __future__ import annotations
@@ -66,11 +68,17 @@ async def chat(c: httpx.AsyncClient, i: int, tokens: int) -> tuple[float, float]
     return first - t0, (count - 1) / (last - first)
 
 
-async def embedder(c: httpx.AsyncClient, inputs: int, tokens: int, done: asyncio.Event) -> int:
-    """Embedding requests back to back until the chats are done; the inputs served."""
+async def embedder(c: httpx.AsyncClient, inputs: int, tokens: int, interval: float, done: asyncio.Event) -> int:
+    """Embedding requests, `interval` seconds apart, until the chats are done; the inputs served."""
     served = 0
     k = 0
     while not done.is_set():
+        if k:
+            try:
+                await asyncio.wait_for(done.wait(), interval)
+                break
+            except asyncio.TimeoutError:
+                pass
         texts = [" ".join(WORDS[(k + j + n) % len(WORDS)] for n in range(tokens)) for j in range(inputs)]
         k += 1
         r = await c.post("/v1/embeddings", json={"input": texts, "encoding_format": "float"})
@@ -79,10 +87,11 @@ async def embedder(c: httpx.AsyncClient, inputs: int, tokens: int, done: asyncio
     return served
 
 
-async def run(url: str, chats: int, tokens: int, embed: bool, inputs: int, embed_tokens: int) -> dict:
+async def run(url: str, chats: int, tokens: int, embed: bool, inputs: int, embed_tokens: int,
+              interval: float) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
         done = asyncio.Event()
-        side = asyncio.create_task(embedder(c, inputs, embed_tokens, done)) if embed else None
+        side = asyncio.create_task(embedder(c, inputs, embed_tokens, interval, done)) if embed else None
         results = await asyncio.gather(*(chat(c, i, tokens) for i in range(chats)))
         done.set()
         served = await side if side is not None else 0
@@ -98,6 +107,7 @@ def main() -> None:
     ap.add_argument("--chat-tokens", type=int, default=64)
     ap.add_argument("--embed-inputs", type=int, default=4, help="inputs per embedding request")
     ap.add_argument("--embed-tokens", type=int, default=64, help="about this many tokens per input")
+    ap.add_argument("--embed-interval", type=float, default=1.0, help="seconds between embedding requests")
     ap.add_argument("--port", type=int, default=3917)
     args = ap.parse_args()
     log = Path(tempfile.gettempdir()) / "bench_embeddings_server.log"
@@ -105,11 +115,12 @@ def main() -> None:
     url = f"http://127.0.0.1:{args.port}"
     try:
         wait_ready(url, proc, 600, log)
-        asyncio.run(run(url, 4, 8, True, 2, 16))  # warm-up: both kinds of request once
+        asyncio.run(run(url, 4, 8, True, 2, 16, 0.0))  # warm-up: both kinds of request once
         rows = []
         for p in range(args.pairs):
             for embed in ((False, True) if p % 2 == 0 else (True, False)):
-                r = asyncio.run(run(url, args.chats, args.chat_tokens, embed, args.embed_inputs, args.embed_tokens))
+                r = asyncio.run(run(url, args.chats, args.chat_tokens, embed, args.embed_inputs, args.embed_tokens,
+                                    args.embed_interval))
                 rows.append((p, embed, r))
                 print(f"pair {p + 1} {'with embeddings' if embed else 'chats alone    '}: decode {r['rate']:6.2f} tok/s "
                       f"per chat, TTFT {r['ttft'] * 1000:7.1f} ms, {r['embedded']} inputs embedded, "
