@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 
-from tests.support.server import KEY, ROOT, offline_env, serving
+from tests.support.server import KEY, NO_KEEPALIVE, ROOT, offline_env, serving
 from tests.support.tiny_models import build_tiny_model
 
 
@@ -116,10 +116,12 @@ def server(bento_home, tmp_path_factory):
 def client(server):
     import openai  # here, not at the top: the gpu tier runs where the serving clients are not installed
 
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=180)
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=180,
+                         http_client=httpx.Client(timeout=180, limits=NO_KEEPALIVE))
 
 
 @pytest.fixture(scope="session")
 def http(server):
-    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=180) as c:
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=180,
+                      limits=NO_KEEPALIVE) as c:
         yield c

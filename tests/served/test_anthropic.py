@@ -10,6 +10,7 @@ import json
 
 import anthropic
 import httpx
+import httpx2
 import pytest
 
 from tests.support.server import KEY, MODEL
@@ -25,7 +26,10 @@ WEATHER = {"name": "get_weather", "description": "The current weather in a city.
 
 @pytest.fixture(scope="module")
 def claude(server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=180)
+    # A connection per request (tests/support/server.py NO_KEEPALIVE says why), through the
+    # SDK's own HTTP package: anthropic 2.x runs on httpx2, not httpx.
+    fresh = anthropic.DefaultHttpxClient(limits=httpx2.Limits(max_keepalive_connections=0))
+    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=180, http_client=fresh)
 
 
 def chat_text(client, messages: list[dict], max_tokens: int) -> tuple[str, int]:

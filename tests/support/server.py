@@ -24,6 +24,12 @@ MODEL_TAG = "smollm2-135m-instruct"
 HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
+# The suite's long-lived clients open a connection per request. A kept-alive one, idle for
+# the server's keep-alive timeout (5 s), can be closed by the server just as the client
+# reuses it: "Server disconnected without sending a response", which the clients (with
+# max_retries=0, so that every answer is the server's own) would report as a failure.
+NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)
+
 # Small pool: 128 blocks of 16 tokens, so leaks show and the server starts fast.
 PRESET = """
 engine:
