@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -55,23 +55,15 @@ class LLM:
             raise ParamError("params", f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         else:
             params = [p.validate() for p in params]
-        ids: list[str] = []
-        collector = Collector()
-        try:
-            for prompt, p in zip(prompts, params):
-                rid = str(next(self._ids))
-                token_ids = self.engine.tokenize(prompt)
-                if not self.engine.add_request(rid, token_ids, p):  # its constraint is compiling
-                    for _, error in self.engine.compiles.poll(wait=True):
-                        if error is not None:
-                            raise error
-                collector.expect(rid, prompt if isinstance(prompt, str) else None, token_ids)
-                ids.append(rid)
-        except ValueError:
-            for rid in ids:
-                self.engine.abort(rid)
-            raise
-        return self._run(ids, collector, use_tqdm)
+
+        def add(rid: str, token_ids: list[int], i: int) -> None:
+            if not self.engine.add_request(rid, token_ids, params[i]):  # its constraint is compiling
+                for _, error in self.engine.compiles.poll(wait=True):
+                    if error is not None:
+                        raise error
+
+        return self._submit([(p if isinstance(p, str) else None, self.engine.tokenize(p)) for p in prompts], add,
+                            use_tqdm)
 
     def embed(self, prompts: str | Sequence[str] | Sequence[list[int]], params: PoolingParams | None = None,
               use_tqdm: bool = False) -> list[EmbeddingOutput]:
@@ -103,14 +95,21 @@ class LLM:
 
     def _pool(self, prompts: list[tuple[str | None, list[int]]], params: PoolingParams, use_tqdm: bool
               ) -> list[RequestOutput]:
-        """Run pooling requests, each (its text if it had one, its token ids), to the end."""
         self._check_alive()
+        return self._submit(prompts, lambda rid, token_ids, _: self.engine.add_request(
+            rid, token_ids, pooling_params=params), use_tqdm)
+
+    def _submit(self, prompts: list[tuple[str | None, list[int]]], add: Callable[[str, list[int], int], object],
+                use_tqdm: bool) -> list[RequestOutput]:
+        """Queue every prompt (its text if it had one, its token ids) with `add(request_id,
+        token_ids, index)`, all or none: a refused one aborts those queued before it. Then
+        run them to the end, outputs in input order."""
         ids: list[str] = []
         collector = Collector()
         try:
-            for text, token_ids in prompts:
+            for i, (text, token_ids) in enumerate(prompts):
                 rid = str(next(self._ids))
-                self.engine.add_request(rid, token_ids, pooling_params=params)
+                add(rid, token_ids, i)
                 collector.expect(rid, text, token_ids)
                 ids.append(rid)
         except ValueError:
