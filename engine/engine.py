@@ -107,7 +107,7 @@ class LLMEngine:
         return ModelInfo(self.model_name, self.hf_id, self.max_model_len, self.hf_config.vocab_size,
                          self.sampling_defaults, self.stats(),
                          self.hf_config.hidden_size if self.pooler is not None else None,
-                         self.score_head is not None, self.score_template, self.generates)
+                         self.score_head is not None, self.score_template)
 
     # -- requests -----------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -288,7 +288,7 @@ class LLMEngine:
                 continue
             if seq.pool == "mean":  # a preempted prompt is recomputed from its start
                 total = rows.sum(0)
-                seq.pool_sum = total if first == 0 or seq.pool_sum is None else seq.pool_sum + total
+                seq.pool_sum = total if first == 0 else seq.pool_sum + total
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 continue
             vector = rows[-1] if seq.pool == "last" else seq.pool_sum / seq.num_prompt_tokens

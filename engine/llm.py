@@ -13,7 +13,7 @@ from engine.engine import LLMEngine
 from engine.errors import EngineDeadError, ParamError
 from engine.outputs import BeamSearchOutput, Collector, EmbeddingOutput, RequestOutput, ScoreOutput
 from engine.pooling import PoolingParams
-from engine.scoring import prompt_ids
+from engine.scoring import pairs, prompt_ids
 from engine.prompts import Message, apply_chat_template
 from engine.sampling_params import BeamSearchParams, SamplingParams
 from engine.stats import EngineStats
@@ -81,15 +81,8 @@ class LLM:
               ) -> list[ScoreOutput]:
         """Relevance of each (text_1, text_2) pair, as vLLM pairs them: one text_1 against
         every text_2, or the two lists index by index (engine/scoring.py)."""
-        firsts = [text_1] if isinstance(text_1, str) else list(text_1)
-        seconds = [text_2] if isinstance(text_2, str) else list(text_2)
-        if len(firsts) == 1:
-            firsts = firsts * len(seconds)
-        if len(firsts) != len(seconds) or not seconds:
-            raise ParamError("text_2", f"got {len(firsts)} text_1 and {len(seconds)} text_2: give one text_1, "
-                             "or as many as text_2 (at least one)")
         template = self.engine.score_template
-        prompts = [(None, prompt_ids(self.tokenizer, a, b, template)) for a, b in zip(firsts, seconds)]
+        prompts = [(None, prompt_ids(self.tokenizer, a, b, template)) for a, b in pairs(text_1, text_2)]
         outs = self._pool(prompts, PoolingParams(task="score"), use_tqdm)
         return [ScoreOutput(o.request_id, o.prompt_token_ids, o.pooled or []) for o in outs]
 

@@ -112,7 +112,6 @@ class ModelInfo(msgspec.Struct, array_like=True):
     embedding_size: int | None = None  # the pooled vector's length; None: the engine serves no embeddings
     scores: bool = False  # whether it serves relevance scores (engine/scoring.py)
     score_template: str | None = None  # how query and document join; None: the tokenizer's pair encoding
-    generates: bool = True  # False for a sequence-classification checkpoint: it has no LM head
 
 
 # -- commands: client -> core ----------------------------------------------------------

@@ -90,6 +90,22 @@ def _tensor(path: Path, names: tuple[str, ...]) -> torch.Tensor:
     raise ParamError("model", f"{path}: the checkpoint has no {' or '.join(names)} for the scoring head")
 
 
+def pairs(text_1: str | list[str], text_2: str | list[str]) -> list[tuple[str, str]]:
+    """The (query, document) pairs as vLLM forms them: one text_1 against every text_2,
+    or the two lists index by index."""
+    firsts = [text_1] if isinstance(text_1, str) else list(text_1)
+    seconds = [text_2] if isinstance(text_2, str) else list(text_2)
+    for name, texts in (("text_1", firsts), ("text_2", seconds)):
+        if not texts:
+            raise ParamError(name, f"{name} must not be an empty list")
+    if len(firsts) == 1:
+        firsts = firsts * len(seconds)
+    if len(firsts) != len(seconds):
+        raise ParamError("text_2", f"got {len(firsts)} text_1 and {len(seconds)} text_2: give one text_1, "
+                         "or as many as text_2")
+    return list(zip(firsts, seconds))
+
+
 def prompt_ids(tokenizer: Any, query: str, document: str, template: str | None) -> list[int]:
     """The scored prompt's token ids: the template filled in, or the tokenizer's pair encoding."""
     if template is not None:

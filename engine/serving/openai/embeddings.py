@@ -5,7 +5,6 @@ is an embedding request on the same engine, admission and tracing as generation.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import struct
 from typing import TYPE_CHECKING, Literal
@@ -13,8 +12,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field
 
 from engine.pooling import PoolingParams
-from engine.serving import tenancy
-from engine.serving.errors import APIError, bad_request, to_api_error
+from engine.serving.errors import bad_request
 from engine.serving.openai.protocol import Priority, StrictModel, random_id
 from engine.serving.openai.replies import UsageInfo
 
@@ -78,25 +76,10 @@ async def embed(serving: OpenAIServing, req: EmbeddingRequest) -> EmbeddingRespo
         raise bad_request(f"{len(items)} inputs; at most {serving.max_sequences} are accepted in one request",
                           "input")
     prompts = await serving.prompts_ids(items)
-    pooling = PoolingParams(dimensions=req.dimensions)
     rid = random_id("embd")
-    salt = tenancy.cache_salt(None, serving.cache_scope)
-    names = {"prompt": "input", "prompt_token_ids": "input"}
-
-    async def one(i: int, ids: list[int]) -> list[float]:
-        last = None
-        async for out in serving.llm.generate(ids, None, f"{rid}-{i}", salt, "embeddings", serving.model_name,
-                                              req.priority, pooling):
-            last = out
-        if last is None or last.pooled is None:  # aborted: the server is going away
-            raise APIError(503, "the embedding request was aborted before it finished", "server_error")
-        return last.pooled
-
-    results = await asyncio.gather(*(one(i, ids) for i, ids in enumerate(prompts)), return_exceptions=True)
-    err = next((r for r in results if isinstance(r, BaseException)), None)
-    if err is not None:
-        raise to_api_error(err, names) from None
+    vectors = await serving.pool(prompts, PoolingParams(dimensions=req.dimensions), rid, req.priority, "embeddings",
+                                 {"prompt": "input"})
     count = sum(len(p) for p in prompts)
-    data = [Embedding(index=i, embedding=encode(v, req.encoding_format)) for i, v in enumerate(results)]  # type: ignore[arg-type]
+    data = [Embedding(index=i, embedding=encode(v, req.encoding_format)) for i, v in enumerate(vectors)]
     return EmbeddingResponse(id=rid, model=serving.model_name, data=data,
                              usage=UsageInfo(prompt_tokens=count, total_tokens=count, completion_tokens=0))

@@ -22,6 +22,7 @@ from typing import Any
 
 from engine.client.admission import Offload
 from engine.client.async_llm import AsyncLLM, StreamOutput
+from engine.pooling import PoolingParams
 from engine.prompts import apply_chat_template, encode_prompt
 from engine.sampling_params import Constraint, SamplingParams
 from engine.serving import tenancy
@@ -193,6 +194,27 @@ class OpenAIServing:
             await asyncio.gather(*(g.aclose() for g in gens), return_exceptions=True)
             raise to_api_error(err, names) from None
         return list(zip(firsts, gens, strict=True))  # type: ignore[arg-type]
+
+    async def pool(self, prompts: list[list[int]], params: PoolingParams, base_id: str, priority: int,
+                   operation: str, names: dict[str, str]) -> list[list[float]]:
+        """Every prompt's pooled result (an embedding or a scoring head's scores), all in
+        flight together; the first failure is raised as the client's error."""
+        salt = tenancy.cache_salt(None, self.cache_scope)
+
+        async def one(i: int, ids: list[int]) -> list[float]:
+            last = None
+            async for out in self.llm.generate(ids, None, f"{base_id}-{i}", salt, operation, self.model_name,
+                                               priority, params):
+                last = out
+            if last is None or last.pooled is None:  # aborted: the server is going away
+                raise APIError(503, "the request was aborted before it finished", "server_error")
+            return last.pooled
+
+        results = await asyncio.gather(*(one(i, ids) for i, ids in enumerate(prompts)), return_exceptions=True)
+        err = next((r for r in results if isinstance(r, BaseException)), None)
+        if err is not None:
+            raise to_api_error(err, names) from None
+        return results  # type: ignore[return-value]
 
     # -- chat -----------------------------------------------------------------------
     async def start_chat(self, req: ChatCompletionRequest, names: dict[str, str] | None = None

@@ -3,14 +3,12 @@ flight together, on the same admission, deadlines and tracing as generation."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING
 
 from engine import scoring
 from engine.pooling import PoolingParams
-from engine.serving import tenancy
-from engine.serving.errors import APIError, bad_request, to_api_error
+from engine.serving.errors import bad_request
 from engine.serving.openai.protocol import random_id
 from engine.serving.rerank.protocol import (
     RerankDocument, RerankRequest, RerankResponse, RerankResult, RerankUsage, ScoreData, ScoreRequest, ScoreResponse,
@@ -22,17 +20,9 @@ if TYPE_CHECKING:
 
 
 async def score(serving: OpenAIServing, req: ScoreRequest) -> ScoreResponse:
-    firsts = [req.text_1] if isinstance(req.text_1, str) else list(req.text_1)
-    seconds = [req.text_2] if isinstance(req.text_2, str) else list(req.text_2)
-    if not firsts or not seconds:
-        raise bad_request("text_1 and text_2 must not be empty lists", "text_1" if not firsts else "text_2")
-    if len(firsts) == 1:
-        firsts = firsts * len(seconds)
-    if len(firsts) != len(seconds):
-        raise bad_request(f"{len(firsts)} text_1 and {len(seconds)} text_2: give one text_1, or as many as "
-                          "text_2", "text_2")
     rid = random_id("score")
-    values, tokens = await _run(serving, req.model, list(zip(firsts, seconds)), rid, req.priority, "text_2")
+    values, tokens = await _run(serving, req.model, scoring.pairs(req.text_1, req.text_2), rid, req.priority,
+                                "text_2")
     return ScoreResponse(id=rid, created=int(time.time()), model=serving.model_name,
                          data=[ScoreData(index=i, score=v) for i, v in enumerate(values)],
                          usage=ScoreUsage(prompt_tokens=tokens, total_tokens=tokens))
@@ -79,23 +69,9 @@ async def _run(serving: OpenAIServing, model: str | None, pairs: list[tuple[str,
     tok, template = serving.tokenizer, info.score_template
     size = sum(len(a) + len(b) for a, b in pairs)
     prompts = await serving.offload.run(size, lambda: [scoring.prompt_ids(tok, a, b, template) for a, b in pairs])
-    salt = tenancy.cache_salt(None, serving.cache_scope)
-    params = PoolingParams(task="score")
-
-    async def one(i: int, ids: list[int]) -> float:
-        last = None
-        async for out in serving.llm.generate(ids, None, f"{rid}-{i}", salt, "score", serving.model_name, priority,
-                                              params):
-            last = out
-        if last is None or not last.pooled:
-            raise APIError(503, "the scoring request was aborted before it finished", "server_error")
-        if len(last.pooled) != 1:
-            raise bad_request(f"the model's scoring head has {len(last.pooled)} labels; score and rerank need "
-                              "one (LLM.score returns every label's)", "model")
-        return last.pooled[0]
-
-    results = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)), return_exceptions=True)
-    err = next((r for r in results if isinstance(r, BaseException)), None)
-    if err is not None:
-        raise to_api_error(err, {"prompt": field}) from None
-    return results, sum(len(p) for p in prompts)  # type: ignore[return-value]
+    results = await serving.pool(prompts, PoolingParams(task="score"), rid, priority, "score", {"prompt": field})
+    labels = len(results[0])
+    if labels != 1:
+        raise bad_request(f"the model's scoring head has {labels} labels; score and rerank need one (LLM.score "
+                          "returns every label's)", "model")
+    return [r[0] for r in results], sum(len(p) for p in prompts)
