@@ -31,21 +31,22 @@ class AttentionBackend:
         reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
-                  window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                  window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention of the step's new tokens (decodes first, then prefill chunks;
         `meta` is engine.models.layers.attention.AttnMetadata) over the paged cache. With a
         `window` > 0, query p sees keys (p - window, p]; `softcap` > 0 caps each scaled
-        score s at softcap * tanh(s / softcap)."""
+        score s at softcap * tanh(s / softcap); `sinks` (fp32 [H]) add one logit per head
+        to every softmax, a key with no value (gpt-oss's attention sinks)."""
         nd, n = meta.num_decode_tokens, q.shape[0]
         if nd == n:
             return self.decode(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale,
-                               window, softcap)
+                               window, softcap, sinks)
         out = torch.empty_like(q)
         if nd:
             out[:nd] = self.decode(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale,
-                                   window, softcap)
+                                   window, softcap, sinks)
         out[nd:] = self.prefill(q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
-                                meta.prefill_seq_lens, scale, window, softcap)
+                                meta.prefill_seq_lens, scale, window, softcap, sinks)
         return out
 
     def decode(self, *args) -> torch.Tensor:
@@ -110,10 +111,10 @@ class NativeBackend(AttentionBackend):
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         cpu.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
-    def attention(self, q, k_cache, v_cache, meta, scale: float, window: int = 0, softcap: float = 0.0
-                  ) -> torch.Tensor:
+    def attention(self, q, k_cache, v_cache, meta, scale: float, window: int = 0, softcap: float = 0.0,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
         return cpu.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
-                                   scale, window, softcap)
+                                   scale, window, softcap, sinks)
 
 
 def select(name: str, device: torch.device) -> AttentionBackend:

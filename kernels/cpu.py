@@ -137,7 +137,8 @@ def _register_fakes() -> None:
     lib = "pagedserve::"
 
     @torch.library.register_fake(lib + "paged_attention")
-    def _(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, window=0, softcap=0.0):
+    def _(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, window=0, softcap=0.0,
+          sinks=None):
         return torch.empty_like(query)
 
     @torch.library.register_fake(lib + "store_kv")
@@ -194,12 +195,14 @@ def paged_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its cached ones, in one call;
     with a `window`, query p sees keys (p - window, p]; `softcap` > 0 caps each scaled
-    score s at softcap * tanh(s / softcap)."""
+    score s at softcap * tanh(s / softcap); `sinks` (fp32 [H]) join each softmax as a
+    logit with no value."""
     return op("paged_attention")(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                                 window, softcap)
+                                 window, softcap, sinks)
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

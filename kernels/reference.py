@@ -47,11 +47,12 @@ def _blocks_of(cache: torch.Tensor, table: torch.Tensor, seq_len: int) -> torch.
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_from: int,
-          window: int = 0, softcap: float = 0.0):
+          window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None):
     """q: [Q, H, D]; k, v: [L, Hkv, D] -> [Q, H, D]. causal_from: position of q[0]. With a
-    window, query p sees keys (p - window, p]; softcap > 0 caps the scaled scores."""
-    if softcap > 0:
-        return _capped(q, k, v, scale, causal_from, window, softcap)
+    window, query p sees keys (p - window, p]; softcap > 0 caps the scaled scores; sinks
+    [H] are one more logit per head in each softmax, with no value (gpt-oss)."""
+    if softcap > 0 or sinks is not None:
+        return _explicit(q, k, v, scale, causal_from, window, softcap, sinks)
     if window > 0:
         # Only the keys some query can see: the first query's window onwards (the blocks
         # before it may have gone back to the pool, engine/kv_cache_manager.py).
@@ -83,10 +84,11 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causa
     return out[0].transpose(0, 1).to(dtype)
 
 
-def _capped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_from: int,
-            window: int, softcap: float) -> torch.Tensor:
-    """Soft-capped attention (Gemma 2), written out: SDPA has no hook between the scores
-    and the softmax. Scores and softmax in fp32, as transformers computes them."""
+def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_from: int,
+              window: int, softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Soft-capped attention (Gemma 2) or attention with sinks (gpt-oss), written out: SDPA
+    has no hook between the scores and the softmax. Scores and softmax in fp32, as
+    transformers computes them; a sink joins each row's softmax and is dropped after."""
     if window > 0:  # keys before the first query's window are never read (they may be gone)
         lo = max(0, causal_from - window + 1)
         k, v, causal_from = k[lo:], v[lo:], causal_from - lo
@@ -95,13 +97,19 @@ def _capped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, cau
     kf = k.float().repeat_interleave(group, dim=1)
     vf = v.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), kf) * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
     q_pos = torch.arange(causal_from, causal_from + q_len, device=q.device)[:, None]
     keys = torch.arange(seq_len, device=q.device)[None, :]
     visible = keys <= q_pos
     if window > 0:
         visible &= keys > q_pos - window
-    probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if sinks is None:
+        probs = scores.softmax(-1)
+    else:
+        column = sinks.float()[:, None, None].expand(heads, q_len, 1)
+        probs = torch.cat([scores, column], dim=-1).softmax(-1)[..., :-1]
     return torch.einsum("hqk,khd->qhd", probs, vf).to(q.dtype)
 
 
@@ -114,11 +122,12 @@ def paged_attention_decode(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     # Decode is prefill with one query token per sequence.
     query_start_loc = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=query.device)
     return paged_attention_prefill(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                                   window, softcap)
+                                   window, softcap, sinks)
 
 
 def paged_attention_prefill(
@@ -131,6 +140,7 @@ def paged_attention_prefill(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     out = torch.empty_like(query)
     if query.shape[0] == 0:
@@ -144,5 +154,5 @@ def paged_attention_prefill(
         if hi == lo:
             continue
         k, v = _blocks_of(k_cache, tables[i], n), _blocks_of(v_cache, tables[i], n)
-        out[lo:hi] = _sdpa(query[lo:hi], k, v, scale, n - (hi - lo), window, softcap)
+        out[lo:hi] = _sdpa(query[lo:hi], k, v, scale, n - (hi - lo), window, softcap, sinks)
     return out

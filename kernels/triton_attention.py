@@ -26,6 +26,9 @@ Why the design is what it is:
   starts at a finite -1e30 so fully masked rows and empty partitions give zeros, not NaN.
   Cache offsets are int64: a large cache has more than 2**31 elements. fp32 caches use
   "ieee" dots (no silent TF32). P is rounded to the cache dtype before P @ V, as is usual.
+* Attention sinks (gpt-oss: a learned logit per head that joins the softmax with no value)
+  are the online softmax's starting state: running max the sink, sum 1, output 0 (in
+  split-K, the first partition's).
 * Sliding windows (query p sees keys (p - window, p]) start each KV loop at the window's
   first key, so a windowed layer reads at most window keys a query; soft-capping applies
   cap * tanh(s / cap) to the natural-log scores, written in base 2 as C * tanh(s2 / C)
@@ -100,14 +103,14 @@ def _attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, out_ptr,
+def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, out_ptr, sinks_ptr,
                    m_part_ptr, l_part_ptr, o_part_ptr, qk_scale, cap2, window, partition, num_splits,
                    stride_qs, stride_qh, stride_os, stride_oh, stride_bt,
                    stride_cb, stride_ct, stride_ch,
                    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, NUM_HEADS: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_SIZE: tl.constexpr, SPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
-                   UPCAST: tl.constexpr, CAPPED: tl.constexpr):
+                   UPCAST: tl.constexpr, CAPPED: tl.constexpr, SINKS: tl.constexpr):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -125,6 +128,10 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, out_pt
         start = tl.maximum(start, seq_len - window)
     m_i = tl.full([BLOCK_G], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
+    if SINKS:  # the first partition starts from the head's sink: a key seen, with no value
+        sink = tl.load(sinks_ptr + head, mask=g < GROUP, other=-1.0e30).to(tl.float32) * 1.4426950408889634
+        m_i = tl.where(split == 0, sink, m_i)
+        l_i = tl.where(split == 0, 1.0, l_i)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
     for n0 in range(start, end, BLOCK_N):
@@ -168,14 +175,14 @@ def _decode_reduce_kernel(m_part_ptr, l_part_ptr, o_part_ptr, out_ptr, num_split
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, qsl_ptr, seq_lens_ptr, out_ptr,
+def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, qsl_ptr, seq_lens_ptr, out_ptr, sinks_ptr,
                     qk_scale, cap2, window, num_seqs,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
                     stride_cb, stride_ct, stride_ch,
                     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_SIZE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-                    CAPPED: tl.constexpr):
+                    CAPPED: tl.constexpr, SINKS: tl.constexpr):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     # Sequence s owns tile ids [qsl[s] // BLOCK_Q + s, qsl[s + 1] // BLOCK_Q + s + 1).
@@ -206,6 +213,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, qsl_ptr, seq_lens_p
     kv_end = tl.minimum(seq_len, seq_len - q_len + q_start + BLOCK_Q)
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
+    if SINKS:  # each row starts from its head's sink: a key seen, with no value
+        m_i = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
     kv_lo = 0
@@ -235,6 +245,16 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
 
 def _dot_precision(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float32 else None  # fp32 caches: no silent TF32 rounding
+
+
+def _sinks(sinks: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor:
+    """The sinks as the kernels read them (fp32, one per query head), or any tensor where
+    there are none: SINKS=False compiles the load away."""
+    if sinks is None:
+        return query
+    if sinks.shape != (query.shape[1],):
+        raise ValueError(f"sinks must be [{query.shape[1]}] (one per query head), not {tuple(sinks.shape)}")
+    return sinks.float().contiguous()
 
 
 def _upcast(cache: torch.Tensor) -> bool:
@@ -309,8 +329,9 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 
 def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           window: int = 0, softcap: float = 0.0, out: torch.Tensor | None = None,
-                           num_splits: int | None = None, block_n: int | None = None) -> torch.Tensor:
+                           window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                           out: torch.Tensor | None = None, num_splits: int | None = None,
+                           block_n: int | None = None) -> torch.Tensor:
     """``num_splits`` forces the path (1: single pass, > 1: split-K); None lets the heuristic
     pick. ``block_n`` overrides the KV tile decode_tiles picks.
 
@@ -346,14 +367,14 @@ def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     else:
         m_part = l_part = o_part = out  # unused
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        query, k_cache, v_cache, block_tables, seq_lens, out, m_part, l_part, o_part,
+        query, k_cache, v_cache, block_tables, seq_lens, out, _sinks(sinks, query), m_part, l_part, o_part,
         scale * _LOG2E, softcap * _LOG2E, window, partition, num_splits,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         HEAD_DIM=head_dim, GROUP=group, NUM_HEADS=num_heads,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=block_n,
         BLOCK_SIZE=block_size, SPLIT=split, DOT_PREC=_dot_precision(k_cache.dtype),
-        UPCAST=_upcast(k_cache), CAPPED=softcap > 0, num_warps=num_warps)
+        UPCAST=_upcast(k_cache), CAPPED=softcap > 0, SINKS=sinks is not None, num_warps=num_warps)
     if split:
         _decode_reduce_kernel[(num_seqs, num_heads)](
             m_part, l_part, o_part, out, num_splits, out.stride(0), out.stride(1),
@@ -365,7 +386,8 @@ def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 def paged_attention_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                             seq_lens: torch.Tensor, scale: float, window: int = 0, softcap: float = 0.0,
-                            out: torch.Tensor | None = None, block_m: int | None = None,
+                            sinks: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                            block_m: int | None = None,
                             block_n: int | None = None) -> torch.Tensor:
     """``block_m`` and ``block_n`` override the tiles prefill_tiles picks."""
     _check_cache(k_cache, v_cache)
@@ -387,12 +409,12 @@ def paged_attention_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     block_q = block_m // group
     grid = (total_tokens // block_q + num_seqs, num_kv_heads)
     _prefill_kernel[grid](
-        query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
+        query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, _sinks(sinks, query),
         scale * _LOG2E, softcap * _LOG2E, window, num_seqs,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         HEAD_DIM=head_dim, GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=block_n, BLOCK_SIZE=block_size,
         DOT_PREC=_dot_precision(k_cache.dtype), UPCAST=_upcast(k_cache), CAPPED=softcap > 0,
-        num_warps=num_warps)
+        SINKS=sinks is not None, num_warps=num_warps)
     return out

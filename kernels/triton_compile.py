@@ -55,6 +55,7 @@ class Config:
     group: int
     block_size: int
     softcap: bool  # Gemma 2's soft-capped scores: more code in the inner loop
+    sinks: bool = False  # gpt-oss's attention sinks (head size 64): the softmax's starting state
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ def configs() -> list[Config]:
     for i, (dtype, head_dim) in enumerate((d, h) for d in DTYPES for h in HEAD_DIMS):
         for j, path in enumerate(PATHS):
             out.append(Config(path, dtype, head_dim, GROUPS[(i + j) % len(GROUPS)],
-                              BLOCK_SIZES[(i // len(GROUPS) + j) % len(BLOCK_SIZES)], softcap=head_dim == 256))
+                              BLOCK_SIZES[(i // len(GROUPS) + j) % len(BLOCK_SIZES)], softcap=head_dim == 256,
+                              sinks=head_dim == 64))
     return out
 
 
@@ -121,18 +123,19 @@ def launches(cfg: Config) -> list[tuple[Any, tuple, dict]]:
     tables = torch.empty(seqs, 4096 // cfg.block_size, dtype=torch.int32, **meta)
     lens = torch.empty(seqs, dtype=torch.int32, **meta)
     cap = 50.0 if cfg.softcap else 0.0
+    sinks = torch.empty(kv_heads * cfg.group, dtype=torch.float32, **meta) if cfg.sinks else None
     with _recording() as calls:
         if cfg.path == "store_kv":
             kv = torch.empty(64, kv_heads, cfg.head_dim, dtype=dtype, **meta)
             ta.store_kv(kv, kv, cache, cache, torch.empty(64, dtype=torch.int64, **meta))
         elif cfg.path.startswith("decode"):
             q = torch.empty(seqs, heads, cfg.head_dim, dtype=dtype, **meta)
-            ta.paged_attention_decode(q, cache, cache, tables, lens, 0.1, softcap=cap,
+            ta.paged_attention_decode(q, cache, cache, tables, lens, 0.1, softcap=cap, sinks=sinks,
                                       num_splits=8 if cfg.path == "decode_split" else 1)
         else:
             q = torch.empty(256, heads, cfg.head_dim, dtype=dtype, **meta)
             starts = torch.empty(seqs + 1, dtype=torch.int32, **meta)
-            ta.paged_attention_prefill(q, cache, cache, tables, starts, lens, 0.1, softcap=cap)
+            ta.paged_attention_prefill(q, cache, cache, tables, starts, lens, 0.1, softcap=cap, sinks=sinks)
     return calls
 
 

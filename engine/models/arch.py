@@ -20,10 +20,18 @@ class MoESpec:
     layers: frozenset[int]  # the layers whose MLP this is; the others keep the dense MLP
     shared_inter: int = 0  # Qwen2-MoE's shared expert, gated by a sigmoid, on every token
     weights_in_dtype: bool = True  # routing weights rounded to the activation dtype (Qwen) or fp32 (Mixtral)
+    # gpt-oss: a router with a bias whose top-k logits are softmaxed (not the top-k of a
+    # softmax), experts with biases, and its clamped SwiGLU, (up + 1) * g * sigmoid(alpha g)
+    # with g = min(gate, limit) and up clipped to [-limit, limit] (0: the plain act(gate) * up).
+    router_bias: bool = False
+    softmax_topk: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float = 0.0
+    swiglu_alpha: float = 1.0
 
 
 def moe_spec(config, experts: int, top_k: int, inter: int, norm_topk: bool, shared_inter: int = 0,
-             weights_in_dtype: bool = True) -> MoESpec:
+             weights_in_dtype: bool = True, **gpt_oss) -> MoESpec:
     """The config's experts, checked: a bad count is a ParamError naming its key. The expert
     layers follow Qwen's `decoder_sparse_step` and `mlp_only_layers` (every layer where a
     config has neither)."""
@@ -36,7 +44,7 @@ def moe_spec(config, experts: int, top_k: int, inter: int, norm_topk: bool, shar
     step = int(getattr(config, "decoder_sparse_step", 1) or 1)
     dense = set(getattr(config, "mlp_only_layers", None) or ())
     layers = frozenset(i for i in range(config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
-    return MoESpec(experts, top_k, inter, norm_topk, layers, shared_inter, weights_in_dtype)
+    return MoESpec(experts, top_k, inter, norm_topk, layers, shared_inter, weights_in_dtype, **gpt_oss)
 
 
 @dataclass(frozen=True)
@@ -62,11 +70,12 @@ class ArchSpec:
     windows: tuple[int, ...] = ()  # per layer; 0 is full attention
     tp_ok: bool = True  # whether tensor parallelism can split its layers (checked by engine.config)
     moe: MoESpec | None = None
+    sinks: bool = False  # a learned logit per head in every attention softmax (gpt-oss)
 
     @property
     def plain(self) -> bool:
         """Llama's layer shape, the one the native fused layer runs."""
-        return self.norms == "pre" and self.qk_norm != "all" and self.moe is None
+        return self.norms == "pre" and self.qk_norm != "all" and self.moe is None and not self.sinks
 
 
 def layer_windows(config, all_layers: bool = False) -> tuple[int, ...]:

@@ -184,6 +184,11 @@ class DecoderForCausalLM(nn.Module):
     # Each architecture's classmethod: its config read into an ArchSpec. The registry holds
     # only subclasses that define it; this class is never built on its own.
     spec: Callable[[object], ArchSpec]
+    # How a checkpoint that stacks a layer's experts in one tensor lays them out: as Linear
+    # weights [E, out, in], gate rows before up rows (transformers 5's own layout, and what
+    # its GGUF reader makes of llama.cpp's merged ffn_*_exps), or gpt-oss's [E, in, out]
+    # with gate and up columns interleaved (engine/models/weights.py reads both).
+    interleaved_experts = False
 
     @classmethod
     def checkpoint_name(cls, name: str) -> str | None:

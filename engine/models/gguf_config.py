@@ -1,6 +1,7 @@
 """What a GGUF file says about its architecture that transformers' GGUF config reader
 drops, put back: head sizes, sliding windows, Gemma 2's soft-caps, Gemma's query scale, Phi-3's
-partial rotary and LongRoPE factors, rope scaling; and the tokens that end a turn.
+partial rotary and LongRoPE factors, rope scaling, the experts' sizes and routing; and the
+tokens that end a turn.
 
 transformers maps only a fixed list of `<arch>.*` keys into the config (its
 GGUF_CONFIG_MAPPING); the rest would silently fall back to its config defaults, and a
@@ -118,6 +119,13 @@ def restore(config: Any, path: Path) -> Any:
         config.rope_parameters["full_attention"].update(rope_type="linear", factor=float(get("rope.scaling.factor")))
     if arch == "phi3":
         _phi3(config, get, tensors)
+    if arch in ("qwen2moe", "qwen3moe"):
+        # llama.cpp builds every layer as experts, renormalising the top-k for Qwen3-MoE only.
+        config.moe_intermediate_size = int(get("expert_feed_forward_length"))
+        config.decoder_sparse_step, config.mlp_only_layers = 1, []
+        config.norm_topk_prob = arch == "qwen3moe"
+        if arch == "qwen2moe":
+            config.shared_expert_intermediate_size = int(get("expert_shared_feed_forward_length"))
     return config
 
 

@@ -175,7 +175,27 @@ def load_config(files: ModelFiles) -> PretrainedConfig:
 
     from engine.models import registry
 
-    return registry.text_config(AutoConfig.from_pretrained(files.path))
+    config = AutoConfig.from_pretrained(files.path)
+    _check_quantization(config)
+    return registry.text_config(config)
+
+
+# Checkpoint quantization formats read here (dequantized at load): gpt-oss's MXFP4 experts.
+CHECKPOINT_QUANTIZATION = ("mxfp4",)
+
+
+def _check_quantization(config: PretrainedConfig) -> None:
+    """A checkpoint stored in a quantized format we do not read (GPTQ, AWQ, FP8, ...) is
+    refused by its format's name, before its packed tensors fail to load one by one."""
+    qc = getattr(config, "quantization_config", None)
+    if qc is None:
+        return
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    method = getattr(method, "value", method)
+    if method not in CHECKPOINT_QUANTIZATION:
+        raise ParamError("model", f"checkpoints quantized with {method!r} are not read; supported: "
+                         f"{', '.join(CHECKPOINT_QUANTIZATION)} (or a GGUF file, or a full-precision checkpoint "
+                         "with the `quantization` setting)")
 
 
 # What vLLM's `--generation-config auto` takes from a model's generation_config.json.

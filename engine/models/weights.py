@@ -28,6 +28,7 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]]) -> No
     params = dict(model.named_parameters())
     first_layer, end_layer = model.layer_range
     loaded: set[str] = set()
+    pairs: dict[str, dict[str, object]] = {}  # MXFP4 blocks waiting for their scales, or scales for blocks
     for name, src in weights:
         if "rotary_emb" in name:
             continue
@@ -46,6 +47,9 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]]) -> No
         module, leaf = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", parts[-1])
         if len(parts) >= 5 and parts[-4] == "experts":
             loaded.add(_load_expert(model, params, parts, src))
+            continue
+        if len(parts) >= 4 and parts[-2] == "experts":
+            loaded.update(_load_stacked(model, parts, src, pairs))
             continue
         owner = _module(model, ".".join(parts[:-2]), name)
         if module in PREFUSED:
@@ -73,10 +77,16 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]]) -> No
             tensor = _cols(model, owner, module, src) if leaf == "weight" else _bias(model, src)
         elif module in ("embed_tokens", "lm_head"):
             tensor = _vocab_rows(model, src, param.shape[0])
+        elif leaf == "sinks":  # one per query head: this rank's heads
+            heads = model.layers[0].self_attn.heads
+            tensor = src[heads.q_lo:heads.q_hi]
         else:
             tensor = src[:]
         _copy(param, tensor, name)
         loaded.add(name)
+    if pairs:
+        name, got = next(iter(pairs.items()))
+        raise ValueError(f"{name}_{'scales' if 'blocks' in got else 'blocks'} is missing: MXFP4 tensors come in pairs")
     _check_complete(params, loaded, model.headless)
 
 
@@ -142,6 +152,72 @@ def _load_expert(model: DecoderForCausalLM, params: dict[str, torch.Tensor], par
     _copy(moe.experts_gate_up[expert, shard * moe.inter:(shard + 1) * moe.inter], src[lo:hi],
           f"{prefix}.experts_gate_up")
     return f"{prefix}.experts_gate_up#{expert}.{shard}"
+
+
+STACKED = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+
+
+def _load_stacked(model: DecoderForCausalLM, parts: list[str], src, pairs: dict[str, dict[str, object]]
+                  ) -> list[str]:
+    """A layer's experts stacked in one tensor: `gate_up_proj` and `down_proj` as Linear
+    weights [E, out, in], gate rows first; or gpt-oss's (model.interleaved_experts),
+    [E, in, out] with gate and up interleaved, their biases, or the MXFP4 pairs
+    `<name>_blocks` / `<name>_scales` holding them as [E, out, in], still interleaved.
+    Read one expert at a time, this rank's slice of I; the keys it counts as loaded."""
+    from engine.models import mxfp4
+
+    name, prefix, leaf = ".".join(parts), ".".join(parts[:-2]), parts[-1]
+    moe = _module(model, prefix, name)
+    base = leaf.removesuffix("_blocks").removesuffix("_scales")
+    if not isinstance(moe, SparseMoE) or (leaf not in STACKED and base not in STACKED[::2]):
+        raise ValueError(f"unexpected weight {name!r} in checkpoint")
+    if base != leaf:  # an MXFP4 half: wait for its other half
+        got = pairs.setdefault(f"{prefix}.experts.{base}", {})
+        got[leaf[len(base) + 1:]] = src
+        if len(got) < 2:
+            return []
+        del pairs[f"{prefix}.experts.{base}"]
+        blocks, scales = got["blocks"], got["scales"]
+        _check_experts(moe, blocks, name)
+        expert = lambda e: mxfp4.dequantize(_row(blocks, e), _row(scales, e), f"{prefix}.experts.{base}")  # noqa: E731
+    elif model.interleaved_experts and leaf in STACKED[::2]:  # gpt-oss's x @ W: a Linear's weight transposed
+        _check_experts(moe, src, name)
+        expert = lambda e: _row(src, e).t()  # noqa: E731
+    else:
+        _check_experts(moe, src, name)
+        expert = lambda e: _row(src, e)  # noqa: E731
+    lo, hi = moe.inter_range
+    keys = []
+    for e in range(moe.spec.experts):
+        w = expert(e)
+        if base.startswith("gate_up_proj"):
+            if model.interleaved_experts:  # gate at the even rows, up at the odd
+                gate, up = w[0::2], w[1::2]
+            else:
+                gate, up = w.chunk(2)
+            dest = moe.experts_gate_up_bias if leaf.endswith("bias") else moe.experts_gate_up
+            _copy(dest[e], torch.cat((gate[lo:hi], up[lo:hi])), name)
+            keys += [f"{prefix}.experts_gate_up_bias"] if leaf.endswith("bias") else \
+                [f"{prefix}.experts_gate_up#{e}.0", f"{prefix}.experts_gate_up#{e}.1"]
+        elif leaf.endswith("bias"):  # added once, after the ranks' sum
+            _copy(moe.experts_down_bias[e], w if model.dist.tp.rank == 0 else torch.zeros_like(w), name)
+            keys.append(f"{prefix}.experts_down_bias")
+        else:
+            _copy(moe.experts_down[e], w[:, lo:hi], name)
+            keys.append(f"{prefix}.experts_down#{e}")
+    return keys
+
+
+def _row(src, e: int) -> torch.Tensor:
+    """Expert e of a stacked tensor or safetensors slice."""
+    return src[e:e + 1][0]
+
+
+def _check_experts(moe: SparseMoE, src, name: str) -> None:
+    shape = tuple(src.shape) if isinstance(src, torch.Tensor) else tuple(src.get_shape())
+    if not shape or shape[0] != moe.spec.experts:
+        raise ValueError(f"weight {name!r} has shape {shape}: its first dimension must be the "
+                         f"{moe.spec.experts} experts")
 
 
 def _bias(model: DecoderForCausalLM, src) -> torch.Tensor:

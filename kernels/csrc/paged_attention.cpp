@@ -9,7 +9,8 @@
 // (prefill512.h in bf16, prefill_f32.h in fp32). A sliding window (query p sees keys
 // (p - window, p]) and tanh soft-capping of the scores take the portable path, which
 // bounds every row's keys from below as well as above; decode items simply start at the
-// window's first key.
+// window's first key. Attention sinks (gpt-oss: a learned logit per head that joins every
+// softmax and carries no value) enter in the final merge, so every path takes them.
 #include <torch/library.h>
 #include "aten.h"
 #include <ATen/Parallel.h>
@@ -19,6 +20,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -381,7 +383,8 @@ void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_
 
 template <typename scalar_t>
 void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& tables,
-         const at::Tensor& qsl, const at::Tensor& lens, double scale, int window, float softcap, at::Tensor& out) {
+         const at::Tensor& qsl, const at::Tensor& lens, double scale, int window, float softcap,
+         const float* sinks, at::Tensor& out) {
   const int S = lens.size(0), H = q.size(1), D = q.size(2);
   const int BS = kc.size(1), Hkv = kc.size(2);
   const int64_t width = tables.size(1);
@@ -463,6 +466,7 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
   });
 
   // Merge each (seq, chunk)'s splits with their log-sum-exp weights; normalise; write.
+  // A head's sink (gpt-oss) is one more split: running max the sink logit, sum 1, no value.
   std::vector<int64_t> groups;
   for (int64_t w = 0; w < n_items; ++w)
     if (items[w].part == 0) groups.push_back(w);
@@ -479,11 +483,13 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t x = w; x < e; ++x)
           if (l[row0[x] + r] > 0.f) mx = std::max(mx, m[row0[x] + r]);
-        float denom = 0.f;
+        const float sink = sinks ? sinks[r % H] : 0.f;
+        if (sinks) mx = std::max(mx, sink);
+        float denom = sinks ? fast_exp(sink - mx) : 0.f;
         std::fill(row.begin(), row.end(), 0.f);
         for (int64_t x = w; x < e; ++x) {
           if (l[row0[x] + r] == 0.f) continue;
-          const float c = e - w == 1 ? 1.f : fast_exp(m[row0[x] + r] - mx);
+          const float c = e - w == 1 && !sinks ? 1.f : fast_exp(m[row0[x] + r] - mx);
           denom += l[row0[x] + r] * c;
           const float* a = acc.get() + (row0[x] + r) * D;
           for (int d = 0; d < D; ++d) row[d] += a[d] * c;
@@ -523,7 +529,8 @@ void check_layout(int64_t tokens, int64_t num_blocks, int64_t bs, const at::Tens
 
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& query_start_loc,
-                           const at::Tensor& seq_lens, double scale, int64_t window, double softcap) {
+                           const at::Tensor& seq_lens, double scale, int64_t window, double softcap,
+                           const std::optional<at::Tensor>& sinks) {
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query [T, H, D], caches [blocks, block, Hkv, D]");
   TORCH_CHECK(query.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(),
               "query and caches must share a dtype");
@@ -540,11 +547,17 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache, c
   auto qsl = query_start_loc.contiguous();
   auto lens = seq_lens.contiguous();
   check_layout(q.size(0), k_cache.size(0), bs, tables, qsl, lens);
+  at::Tensor sink_values;  // fp32 [H], one logit per query head
+  if (sinks.has_value()) {
+    TORCH_CHECK(sinks->dim() == 1 && sinks->size(0) == query.size(1), "sinks must be [query heads]");
+    sink_values = sinks->to(at::kFloat).contiguous();
+  }
+  const float* sink_ptr = sinks.has_value() ? sink_values.data_ptr<float>() : nullptr;
   auto out = at::empty_like(q);
   if (q.size(0) == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
     run<scalar_t>(q, k_cache, v_cache, tables, qsl, lens, scale, static_cast<int>(window),
-                  static_cast<float>(softcap), out);
+                  static_cast<float>(softcap), sink_ptr, out);
   });
   return out;
 }
@@ -593,7 +606,8 @@ void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor k_cache
 
 TORCH_LIBRARY(pagedserve, m) {
   m.def("paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor query_start_loc, Tensor seq_lens, float scale, int window=0, float softcap=0.0) -> Tensor");
+        "Tensor query_start_loc, Tensor seq_lens, float scale, int window=0, float softcap=0.0, "
+        "Tensor? sinks=None) -> Tensor");
   m.def("store_kv(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
 }
 

@@ -1,5 +1,5 @@
 """GGUF files of every architecture llama.cpp converts (Qwen2, Qwen3, Gemma 2, Gemma 3,
-Phi-3): tiny ones written as llama.cpp's converter writes them, loaded by the engine and
+Phi-3, and the Qwen2-MoE and Qwen3-MoE files whose experts are merged per layer): tiny ones written as llama.cpp's converter writes them, loaded by the engine and
 run greedy in fp32 against transformers on the checkpoint they were written from; and
 with `quantization: gguf`, computing on the file's Q8_0 blocks, against the engine on the
 same file's dequantized values."""
@@ -28,6 +28,9 @@ GGUF_OVERRIDES = {
     "gemma3_text": dict(query_pre_attn_scalar=16, rope_local_base_freq=10000.0, layer_types=None,
                         num_hidden_layers=6),
     "phi3": dict(),
+    # llama.cpp's MoE files: experts on every layer (no mlp_only_layers), stacked per layer.
+    "qwen3_moe": dict(mlp_only_layers=[]),
+    "qwen2_moe": dict(),
 }
 
 

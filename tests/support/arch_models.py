@@ -39,6 +39,14 @@ ARCHS: dict[str, dict] = {
                       decoder_sparse_step=1, mlp_only_layers=[1], tie_word_embeddings=True),
     "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=False,
                       shared_expert_intermediate_size=96, tie_word_embeddings=False),
+    # Sliding and full layers alternating, attention sinks, biased router and experts, a SwiGLU
+    # clamp the scaled experts reach, YaRN.
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=WINDOW,
+                    head_dim=16, swiglu_limit=2.0, tie_word_embeddings=False,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                     "truncate": False, "original_max_position_embeddings": 64,
+                                     "rope_theta": 150000.0}),
 }
 
 
@@ -53,10 +61,14 @@ def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **ove
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.3)
-            if name.endswith("mlp.gate.weight"):  # a decisive router: top-k is no near tie
+            if name.endswith("sinks"):  # sinks away from zero, some above the scores, some below
+                p.copy_(torch.randn_like(p) * 3.0 + 3.0)
+            if name.endswith(("mlp.gate.weight", "mlp.router.weight")):  # a decisive router: top-k is no near tie
                 p.mul_(8.0)
-            if ".experts." in name:  # experts that move the output: a routing or weighting slip shows
-                p.mul_(6.0)
+            if ".experts." in name and not name.endswith("bias"):  # experts that move the output: a
+                p.mul_(6.0)  # routing or weighting slip shows
+            if model_type == "gpt_oss" and ".self_attn." in name and name.endswith("weight"):
+                p.mul_(8.0)  # attention that moves the output past its biased experts: its sinks show
     model.save_pretrained(path)
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():

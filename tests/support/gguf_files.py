@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3"}
+GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3",
+             "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -76,6 +77,13 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
     tensors = load_file(hf_dir / "model.safetensors")
+    if config.model_type in ("qwen2_moe", "qwen3_moe"):
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+        if config.model_type == "qwen2_moe":
+            writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
+        tensors = _merge_experts(tensors, config.num_hidden_layers, config.num_experts)
     if config.model_type == "phi3":
         writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
         writer.add_sliding_window(config.sliding_window or 0)
@@ -97,8 +105,10 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         data = tensor.float()
         if config.model_type in ("gemma2", "gemma3_text") and hf_name.endswith("norm.weight"):
             data = data + 1  # the converter stores Gemma's (1 + w)
+        if hf_name.endswith("shared_expert_gate.weight"):
+            data = data.squeeze(0)  # llama.cpp reads ffn_gate_inp_shexp as [hidden]
         array = data.numpy().astype(np.float32)
-        if qtype != "F32" and array.ndim == 2 and array.shape[1] % 32 == 0:
+        if qtype != "F32" and array.ndim in (2, 3) and array.shape[-1] % 32 == 0:
             kind = getattr(gguf.GGMLQuantizationType, qtype)
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, kind), raw_dtype=kind)
         else:
@@ -107,4 +117,16 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return out
+
+
+def _merge_experts(tensors: dict[str, torch.Tensor], layers: int, experts: int) -> dict[str, torch.Tensor]:
+    """Each layer's per-expert gate, up and down weights stacked into one [E, out, in]
+    tensor apiece, under the names gguf's map gives llama.cpp's ffn_{gate,up,down}_exps."""
+    out = {k: v for k, v in tensors.items() if ".mlp.experts." not in k}
+    for i in range(layers):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            names = [f"model.layers.{i}.mlp.experts.{e}.{proj}.weight" for e in range(experts)]
+            if names[0] in tensors:
+                out[f"model.layers.{i}.mlp.experts.{proj}.weight"] = torch.stack([tensors[n] for n in names])
     return out

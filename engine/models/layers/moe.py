@@ -1,4 +1,4 @@
-"""The mixture-of-experts MLP: a softmax router picks each token's top-k experts, and each
+"""The mixture-of-experts MLP: a router picks each token's top-k experts, and each
 expert runs once over the tokens routed to it, so a step reads the weights of the experts
 its tokens chose and no others (at batch 1, k experts a layer).
 
@@ -32,9 +32,12 @@ class SparseMoE(nn.Module):
         self.act = ACTIVATIONS[act]
         self.inter_range = parallel.split(spec.inter, tp.size, tp.rank)
         self.inter = self.inter_range[1] - self.inter_range[0]
-        self.gate = nn.Linear(hidden, spec.experts, bias=False)  # the router
+        self.gate = nn.Linear(hidden, spec.experts, bias=spec.router_bias)  # the router
         self.experts_gate_up = nn.Parameter(torch.empty(spec.experts, 2 * self.inter, hidden))
         self.experts_down = nn.Parameter(torch.empty(spec.experts, hidden, self.inter))
+        if spec.expert_bias:  # gpt-oss; the down bias on tensor rank 0 only, as the dense layers'
+            self.experts_gate_up_bias = nn.Parameter(torch.empty(spec.experts, 2 * self.inter))
+            self.experts_down_bias = nn.Parameter(torch.empty(spec.experts, hidden))
         if spec.shared_inter:
             self.shared_expert = MLP(hidden, spec.shared_inter, act, False, tp)
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
@@ -46,13 +49,29 @@ class SparseMoE(nn.Module):
         layers are (a small expert GEMM gains most from it), and drop the 3-D originals."""
         from engine.models.packed_linear import PackedLinear
 
-        self.packed = [(PackedLinear(self.experts_gate_up[e], None).forward,
-                        PackedLinear(self.experts_down[e], None).forward) for e in range(self.spec.experts)]
+        self.packed = [(PackedLinear(self.experts_gate_up[e], self._bias("gate_up", e)).forward,
+                        PackedLinear(self.experts_down[e], self._bias("down", e)).forward)
+                       for e in range(self.spec.experts)]
         self.experts_gate_up = None
         self.experts_down = None
 
+    def _bias(self, which: str, e: int) -> torch.Tensor | None:
+        return getattr(self, f"experts_{which}_bias")[e] if self.spec.expert_bias else None
+
+    def glu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up, or gpt-oss's clamped SwiGLU, on [gate | up] rows."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        limit = self.spec.swiglu_limit
+        if not limit:
+            return self.act(gate) * up
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.spec.swiglu_alpha))
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's top-k experts [n, k] and their weights [n, k]."""
+        if self.spec.softmax_topk:  # gpt-oss: the k best logits, softmaxed among themselves
+            top, experts = torch.topk(self.gate(x), self.spec.top_k, dim=-1)
+            return experts, F.softmax(top, dim=1, dtype=top.dtype)
         probs = F.softmax(self.gate(x).float(), dim=-1)
         weights, experts = torch.topk(probs, self.spec.top_k, dim=-1)
         if self.spec.norm_topk:
@@ -76,11 +95,10 @@ class SparseMoE(nn.Module):
             tokens, choice = picked % n, picked // n
             if self.packed:
                 gate_up, down = self.packed[e]
-                gate, up = gate_up(x[tokens]).chunk(2, dim=-1)
-                y = down(self.act(gate) * up)
+                y = down(self.glu(gate_up(x[tokens])))
             else:
-                gate, up = F.linear(x[tokens], self.experts_gate_up[e]).chunk(2, dim=-1)
-                y = F.linear(self.act(gate) * up, self.experts_down[e])
+                h = self.glu(F.linear(x[tokens], self.experts_gate_up[e], self._bias("gate_up", e)))
+                y = F.linear(h, self.experts_down[e], self._bias("down", e))
             y = y * weights[tokens, choice, None]
             out.index_add_(0, tokens, y.to(out.dtype))
         out = self.tp.all_reduce(out)

@@ -1,0 +1,36 @@
+"""MXFP4 weights (the OCP Microscaling format gpt-oss ships its experts in), dequantized at
+load: every 32 consecutive values of a row share one E8M0 scale byte (2^(byte - 127)), and
+each value is a 4-bit E2M1 float, two to a byte, the low nibble first.
+
+Tensors come in pairs, `<name>_blocks` uint8 [..., G, 16] and `<name>_scales` uint8
+[..., G], for rows of G * 32 values. A scale byte of 255 is NaN in E8M0, and a scale
+that makes a value overflow fp32 is not a weight anyone trained:
+both are refused, naming the tensor."""
+
+from __future__ import annotations
+
+import torch
+
+# E2M1: sign, two exponent bits, one mantissa bit.
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+BLOCK = 32  # values per scale
+NAN_SCALE = 255
+
+
+def dequantize(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> torch.Tensor:
+    """fp32 [..., G * 32] from blocks [..., G, 16] and scales [..., G]; a ValueError naming
+    `name` for a malformed pair or a scale out of range."""
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise ValueError(f"{name}_blocks and {name}_scales must be uint8, not {blocks.dtype} and {scales.dtype}")
+    if blocks.shape[-1] != BLOCK // 2 or tuple(blocks.shape[:-1]) != tuple(scales.shape):
+        raise ValueError(f"{name}_blocks {tuple(blocks.shape)} and {name}_scales {tuple(scales.shape)} do not "
+                         f"pair as [..., G, {BLOCK // 2}] and [..., G]")
+    if bool((scales == NAN_SCALE).any()):
+        raise ValueError(f"{name}_scales holds {NAN_SCALE}, which is NaN in E8M0: the checkpoint is damaged")
+    lut = torch.tensor(E2M1, dtype=torch.float32)
+    values = torch.stack((lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]), dim=-1).flatten(-2)
+    out = torch.ldexp(values, scales.to(torch.int32)[..., None] - 127)
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(f"{name}_scales are out of range: a scale of 2^{int(scales.max()) - 127} overflows fp32")
+    return out.flatten(-2)
+
