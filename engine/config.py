@@ -213,9 +213,6 @@ class Placement:
         if config.tensor_parallel_size > 1 and not spec.tp_ok:
             raise ParamError("tensor_parallel_size", f"{hf_config.model_type} is not served under tensor "
                              "parallelism: one of its layers spans every attention head")
-        if spec.moe is not None and config.quantization:
-            raise ParamError("quantization", f"quantization {config.quantization!r} has no expert kernels yet; "
-                             f"{hf_config.model_type} is served with its dense weights (quantization: null)")
         device = _device(config.device)
         # Quantized GEMMs keep activations in fp32: "auto" means that there.
         dtype = torch.float32 if config.quantization and config.dtype == "auto" else _dtype(config.dtype, device)

@@ -31,6 +31,12 @@ GGUF_FUSED_PARTS = {"self_attn.qkv_proj": ("attn_qkv",), "self_attn.o_proj": ("a
                     "mlp.gate_up_proj": ("ffn_up",), "mlp.down_proj": ("ffn_down",)}
 # The architectures whose q and k rows llama.cpp's converter interleaves (its Llama family).
 PERMUTED = {"llama", "mistral", "granite"}
+# An expert layer's router and a shared expert's gate: kept dense under every mode.
+ROUTERS = ("mlp.gate", "mlp.shared_expert_gate")
+# A Qwen2-MoE shared expert's GGUF tensors; the routed experts' are merged per layer.
+GGUF_SHARED_PARTS = {"mlp.shared_expert.gate_up_proj": ("ffn_gate_shexp", "ffn_up_shexp"),
+                     "mlp.shared_expert.down_proj": ("ffn_down_shexp",)}
+GGUF_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
 class QuantLinear(nn.Module):
@@ -112,11 +118,17 @@ def check(mode: str | None, device: torch.device, dtype: torch.dtype, tp: int, p
 def apply(model: Any, mode: str, source: str, config: Any) -> None:
     """Swap the model's fp32 GEMM weights and embedding for quantized ones, in place; the
     fp32 tensors are released."""
+    from engine.models.layers.moe import SparseMoE
+
     tensors = _tensors(source) if mode == "gguf" else {}
     if mode == "gguf":
         parts = _gguf_layers(model, tensors, config)
-    else:
-        parts = {name: _int8(mod) for name, mod in model.layers.named_modules() if isinstance(mod, nn.Linear)}
+    else:  # a router (and a shared expert's gate) keeps its dense weights: it picks, it does not compute
+        parts = {name: _int8(mod) for name, mod in model.layers.named_modules()
+                 if isinstance(mod, nn.Linear) and not name.endswith(ROUTERS)}
+        for layer in model.layers:
+            if isinstance(layer.mlp, SparseMoE):
+                layer.mlp.use_experts([_int8_expert(layer.mlp, e) for e in range(layer.mlp.spec.experts)])
     for name, new in parts.items():
         owner, leaf = name.rsplit(".", 1)
         setattr(model.layers.get_submodule(owner), leaf, new)
@@ -139,9 +151,17 @@ def weight_bytes(model: nn.Module) -> int:
 
 
 def _int8(linear: nn.Module) -> QuantLinear:
-    weight = linear.weight
+    return _int8_weight(linear.weight, getattr(linear, "bias", None))
+
+
+def _int8_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> QuantLinear:
     q, scales = quant.quantize_int8(weight)
-    return QuantLinear(q, scales, quant.INT8_ROWS, weight.shape[1], getattr(linear, "bias", None))
+    return QuantLinear(q, scales, quant.INT8_ROWS, weight.shape[1], bias)
+
+
+def _int8_expert(moe: Any, e: int) -> tuple[QuantLinear, QuantLinear]:
+    gate_up, down = moe.expert_weights(e)
+    return _int8_weight(gate_up, moe._bias("gate_up", e)), _int8_weight(down, moe._bias("down", e))
 
 
 # -- GGUF -------------------------------------------------------------------------------
@@ -169,8 +189,9 @@ def preflight(source: str) -> None:
     """Refuse a file the kernels cannot serve before the loader spends seconds to minutes
     dequantizing it: every GEMM tensor's block type is read from the header."""
     tensors = _tensors(source)
-    gemms = {part for table in (GGUF_PARTS, GGUF_FUSED_PARTS) for parts in table.values() for part in parts}
-    gemms |= {"token_embd", "output"}
+    gemms = {part for table in (GGUF_PARTS, GGUF_FUSED_PARTS, GGUF_SHARED_PARTS) for parts in table.values()
+             for part in parts}
+    gemms |= {"token_embd", "output", *GGUF_EXPERTS}
     for name in tensors:
         if name.endswith(".weight") and name.split(".")[-2] in gemms:
             _qtype(tensors, name)
@@ -211,13 +232,21 @@ def _gguf_table(tensors: dict[str, Any], name: str) -> QuantLinear:
 
 
 def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, QuantLinear]:
+    from engine.models.layers.moe import SparseMoE
+
     out = {}
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     heads = {"attn_q": config.num_attention_heads, "attn_k": kv_heads} if config.model_type in PERMUTED else {}
     first, _end = model.layer_range
     table = GGUF_FUSED_PARTS if f"blk.{first}.attn_qkv.weight" in tensors else GGUF_PARTS
     for i, layer in enumerate(model.layers):
-        for ours, theirs in table.items():
+        parts = dict(table)
+        if isinstance(layer.mlp, SparseMoE):
+            layer.mlp.use_experts(_gguf_experts(tensors, first + i, layer.mlp))
+            parts = {k: v for k, v in parts.items() if not k.startswith("mlp.")}
+            if layer.mlp.spec.shared_inter:
+                parts.update(GGUF_SHARED_PARTS)
+        for ours, theirs in parts.items():
             blocks = [_blocks(tensors, f"blk.{first + i}.{name}.weight") for name in theirs]
             types = {b[0] for b in blocks}
             if len(types) != 1:
@@ -228,3 +257,17 @@ def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, 
             bias = getattr(layer.get_submodule(ours), "bias", None)
             out[f"{i}.{ours}"] = QuantLinear(torch.cat(rows), None, blocks[0][0], blocks[0][2], bias)
     return out
+
+
+def _gguf_experts(tensors: dict[str, Any], layer: int, moe: Any) -> list[tuple[QuantLinear, QuantLinear]]:
+    """Each expert's gate/up and down on the file's own blocks: llama.cpp merges a layer's
+    experts into one tensor per projection, expert after expert, so expert e's output
+    channels are rows [e * out, (e + 1) * out) of it."""
+    (qg, gate, k), (qu, up, _), (qd, down, inter) = (_blocks(tensors, f"blk.{layer}.{n}.weight")
+                                                     for n in GGUF_EXPERTS)
+    if qg != qu:
+        raise ParamError("quantization", f"layer {layer} holds ffn_gate_exps as {quant.FORMATS[qg].name} and "
+                         f"ffn_up_exps as {quant.FORMATS[qu].name}; quantization 'gguf' needs them alike")
+    n, i = moe.spec.experts, moe.inter
+    return [(QuantLinear(torch.cat((gate[e * i:(e + 1) * i], up[e * i:(e + 1) * i])), None, qg, k),
+             QuantLinear(down[e * k:(e + 1) * k], None, qd, inter)) for e in range(n)]

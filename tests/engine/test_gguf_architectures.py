@@ -1,8 +1,9 @@
 """GGUF files of every architecture llama.cpp converts (Qwen2, Qwen3, Gemma 2, Gemma 3,
-Phi-3, and the Qwen2-MoE and Qwen3-MoE files whose experts are merged per layer): tiny ones written as llama.cpp's converter writes them, loaded by the engine and
-run greedy in fp32 against transformers on the checkpoint they were written from; and
-with `quantization: gguf`, computing on the file's Q8_0 blocks, against the engine on the
-same file's dequantized values."""
+Phi-3, and Qwen2-MoE and Qwen3-MoE with each layer's experts merged): tiny ones written
+as llama.cpp's converter writes them, loaded by the engine and run greedy in fp32
+against transformers on the checkpoint they were written from; and with `quantization:
+gguf`, computing on the file's Q8_0 blocks, against the engine on the same file's
+dequantized values."""
 
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ GGUF_OVERRIDES = {
     "gemma3_text": dict(query_pre_attn_scalar=16, rope_local_base_freq=10000.0, layer_types=None,
                         num_hidden_layers=6),
     "phi3": dict(),
-    # llama.cpp's MoE files: experts on every layer (no mlp_only_layers), stacked per layer.
-    "qwen3_moe": dict(mlp_only_layers=[]),
-    "qwen2_moe": dict(),
+    # llama.cpp's MoE files: experts on every layer (no mlp_only_layers), stacked per layer;
+    # intermediate sizes in whole 32-value blocks, so that the quantized files quantize them.
+    "qwen3_moe": dict(mlp_only_layers=[], moe_intermediate_size=64),
+    "qwen2_moe": dict(moe_intermediate_size=64),
 }
 
 
@@ -74,10 +76,11 @@ def test_a_gguf_gives_transformers_tokens_on_its_checkpoint(model_type, written)
     assert engine_greedy(llm, prompts, 12, ignore_eos=True) == hf_greedy(hf, prompts, 12, None)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "phi3", "gemma3_text"])
+@pytest.mark.parametrize("model_type", ["qwen3", "phi3", "gemma3_text", "qwen2_moe"])
 def test_quantization_gguf_computes_on_the_files_blocks(model_type, written):
     """Qwen3's q and k rows are not interleaved as Llama's are, Phi-3's projections come
-    fused, Gemma 3's MLP is GELU: each read from the blocks as the dequantized path reads them."""
+    fused, Gemma 3's MLP is GELU, Qwen2-MoE's experts are merged per layer beside a shared
+    expert: each read from the blocks as the dequantized path reads them."""
     _, gguf = written(model_type, "Q8_0")
     prompts = prompts_for(model_type)
     dense = LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization=None)

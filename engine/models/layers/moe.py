@@ -55,6 +55,18 @@ class SparseMoE(nn.Module):
         self.experts_gate_up = None
         self.experts_down = None
 
+    def use_experts(self, experts: list[tuple[nn.Module, nn.Module]]) -> None:
+        """Each expert's (gate_up, down) as given modules (engine/models/quantize.py's
+        quantized ones), in place of the stacked weights, which are dropped."""
+        self.expert_modules = nn.ModuleList(nn.ModuleList(pair) for pair in experts)
+        self.packed = [(gate_up.forward, down.forward) for gate_up, down in experts]
+        self.experts_gate_up = None
+        self.experts_down = None
+
+    def expert_weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert e's dense gate_up [2 I, hidden] and down [hidden, I], before packing."""
+        return self.experts_gate_up[e], self.experts_down[e]
+
     def _bias(self, which: str, e: int) -> torch.Tensor | None:
         return getattr(self, f"experts_{which}_bias")[e] if self.spec.expert_bias else None
 
