@@ -53,8 +53,8 @@ def qlinear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, qtype
 
 def few_rows_available(qtype: int, k: int) -> bool:
     """Whether this build streams qtype's blocks in the few-rows kernel (AVX2 and FMA; Q4_0,
-    Q4_1, Q8_0, or int8 rows with K a multiple of 32). Where it does not, every row count
-    takes the many-rows kernel."""
+    Q4_1, Q8_0, Q4_K, Q6_K, or int8 rows with K a multiple of 32). Where it does not, every
+    row count takes the many-rows kernel."""
     return cpu.available() and bool(cpu.op("few_rows_fit")(qtype, k))
 
 

@@ -20,6 +20,7 @@ tokens. `--rounds N` repeats all sides N times in turn and prints each round's r
 
     python scripts/bench_latency.py --dtype float32
     python scripts/bench_latency.py --prompt-len 256 --quantization gguf,int8 --no-hf --peer llama
+    python scripts/bench_latency.py --model /tmp/moe-q4km.gguf --quantization gguf --no-hf --peer llama
     python scripts/bench_latency.py --workload grounded --no-hf --rounds 3 \
         --speculative '[{"method": "ngram"}, {"method": "draft", "quantization": "gguf"}]'
 
@@ -143,7 +144,7 @@ def one_side(args, prompt: list[int]) -> None:
     """One engine (fp, `--one gguf|int8`, or `--spec` one speculative_config) in this process:
     warm, measure, print JSON."""
     spec = json.loads(args.spec) if args.spec else None
-    llm = LLM(None, dtype=args.dtype, quantization=args.one or None, enable_prefix_caching=False,
+    llm = LLM(args.model, dtype=args.dtype, quantization=args.one or None, enable_prefix_caching=False,
               max_model_len=2048, speculative_config=spec)
     ours(llm, prompt[:32], 4)
     if args.workload == "random":
@@ -165,6 +166,8 @@ def one_side(args, prompt: list[int]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="a GGUF file (scripts/shape_gguf.py writes the benchmark shapes); "
+                    "default: the embedded model")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--prompt-len", type=int, default=500)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -185,7 +188,7 @@ def main() -> None:
     ap.add_argument("--spec", help=argparse.SUPPRESS)  # internal: that side's speculative_config
     args = ap.parse_args()
 
-    files = loader.resolve(None)
+    files = loader.resolve(args.model)
     vocab = loader.load_config(files).vocab_size
     rng = random.Random(0)
     prompt = [rng.randrange(100, vocab) for _ in range(args.prompt_len)]
@@ -221,7 +224,8 @@ def main() -> None:
     stack = contextlib.ExitStack()
     if args.peer == "llama":
         sides.append(("llama-server", llama, stack.enter_context(
-            llama_server(loader.default_model_path(), max(2048, args.prompt_len + args.new_tokens)))))
+            llama_server(Path(args.model) if args.model else loader.default_model_path(),
+                         max(2048, args.prompt_len + args.new_tokens)))))
     width = max(len(name) for name, _, _ in sides)
     rounds: list[dict[str, tuple[float, float]]] = []
     profiles, accepts = {}, {}
@@ -231,7 +235,8 @@ def main() -> None:
             if fn is None:
                 mode, spec = target  # type: ignore[misc]
                 out = json.loads(subprocess.run(
-                    [sys.executable, __file__, "--one", mode, "--dtype", args.dtype, "--prompt-len",
+                    [sys.executable, __file__, "--one", mode, "--dtype", args.dtype,
+                     *(["--model", args.model] if args.model else []), "--prompt-len",
                      str(args.prompt_len), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
                      "--workload", args.workload] + (["--spec", spec] if spec else [])
                     + (["--profile"] if args.profile else []),

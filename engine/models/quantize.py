@@ -65,6 +65,36 @@ class QuantLinear(nn.Module):
         return f"{quant.FORMATS[self.qtype].name}, in={self.in_features}, out={self.out_features}"
 
 
+class QuantConcat(nn.Module):
+    """A fused projection whose GGUF parts hold different block types (Q4_K_M files keep
+    attn_v, and at times ffn_down or an expert's up, in Q6_K beside Q4_K): each part on
+    its own blocks, their outputs side by side, as the fused weight would give them."""
+
+    def __init__(self, parts: list[QuantLinear]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.calls = tuple(p.forward for p in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([call(x) for call in self.calls], dim=-1)
+
+    def dequantized(self) -> torch.Tensor:
+        return torch.cat([p.dequantized() for p in self.parts])
+
+
+def quant_rows(rows: list[torch.Tensor], qtypes: list[int], k: int, bias: torch.Tensor | None
+               ) -> QuantLinear | QuantConcat:
+    """One projection from the row blocks of its parts: a single QuantLinear where the parts
+    share a block type, else a QuantConcat of one per part (the bias split with them)."""
+    if len(set(qtypes)) == 1:
+        return QuantLinear(torch.cat(rows), None, qtypes[0], k, bias)
+    sizes = [r.shape[0] for r in rows]
+    biases = bias.split(sizes) if bias is not None else [None] * len(rows)
+    return QuantConcat([QuantLinear(r, None, q, k, b) for r, q, b in zip(rows, qtypes, biases)])
+
+
 class QuantEmbedding(nn.Module):
     """Rows of a quantized matrix, dequantized as they are looked up; it can share its
     weights with the head (tied embeddings)."""
@@ -145,7 +175,7 @@ def weight_bytes(model: nn.Module) -> int:
     """Bytes of the quantized weights (the head counted once when tied)."""
     seen: dict[int, int] = {}
     for mod in model.modules():
-        if isinstance(mod, QuantLinear):
+        if isinstance(mod, QuantLinear):  # a QuantConcat's parts are among the modules
             seen[id(mod)] = mod.qweight.numel() * mod.qweight.element_size()
     return sum(seen.values())
 
@@ -248,26 +278,18 @@ def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, 
                 parts.update(GGUF_SHARED_PARTS)
         for ours, theirs in parts.items():
             blocks = [_blocks(tensors, f"blk.{first + i}.{name}.weight") for name in theirs]
-            types = {b[0] for b in blocks}
-            if len(types) != 1:
-                names = ", ".join(f"{n}={quant.FORMATS[b[0]].name}" for n, b in zip(theirs, blocks))
-                raise ParamError("quantization", f"layer {first + i} mixes block types in one fused projection "
-                                 f"({names}); quantization 'gguf' needs them alike")
             rows = [_unpermute(b[1], heads[n]) if n in heads else b[1] for n, b in zip(theirs, blocks)]
             bias = getattr(layer.get_submodule(ours), "bias", None)
-            out[f"{i}.{ours}"] = QuantLinear(torch.cat(rows), None, blocks[0][0], blocks[0][2], bias)
+            out[f"{i}.{ours}"] = quant_rows(rows, [b[0] for b in blocks], blocks[0][2], bias)
     return out
 
 
-def _gguf_experts(tensors: dict[str, Any], layer: int, moe: Any) -> list[tuple[QuantLinear, QuantLinear]]:
+def _gguf_experts(tensors: dict[str, Any], layer: int, moe: Any) -> list[tuple[nn.Module, QuantLinear]]:
     """Each expert's gate/up and down on the file's own blocks: llama.cpp merges a layer's
     experts into one tensor per projection, expert after expert, so expert e's output
     channels are rows [e * out, (e + 1) * out) of it."""
     (qg, gate, k), (qu, up, _), (qd, down, inter) = (_blocks(tensors, f"blk.{layer}.{n}.weight")
                                                      for n in GGUF_EXPERTS)
-    if qg != qu:
-        raise ParamError("quantization", f"layer {layer} holds ffn_gate_exps as {quant.FORMATS[qg].name} and "
-                         f"ffn_up_exps as {quant.FORMATS[qu].name}; quantization 'gguf' needs them alike")
     n, i = moe.spec.experts, moe.inter
-    return [(QuantLinear(torch.cat((gate[e * i:(e + 1) * i], up[e * i:(e + 1) * i])), None, qg, k),
+    return [(quant_rows([gate[e * i:(e + 1) * i], up[e * i:(e + 1) * i]], [qg, qu], k, None),
              QuantLinear(down[e * k:(e + 1) * k], None, qd, inter)) for e in range(n)]

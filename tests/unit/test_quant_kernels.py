@@ -36,7 +36,7 @@ def test_the_reference_is_the_gguf_packages_dequantization(qtype):
 
 
 # The few-rows kernel's types (K a multiple of 32 for int8 rows), built where the CPU has AVX2.
-STREAMED = [quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.INT8_ROWS]
+STREAMED = [quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q4_K, quant.Q6_K, quant.INT8_ROWS]
 
 
 def weights(qtype: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -57,8 +57,8 @@ def check_product(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None,
 @pytest.mark.parametrize("qtype", TYPES + [quant.INT8_ROWS], ids=lambda t: quant.FORMATS[t].name)
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 16, 17, 25, 49, 65, 130])
 def test_qlinear_matches_the_reference_on_ragged_shapes(qtype, m):
-    """Whichever kernel the row count picks: the few-rows one up to 8-64 rows by type and ISA, the
-    many-rows one past that and for the K-quants."""
+    """Whichever kernel the row count picks: the few-rows one up to 4-64 rows by type and ISA, the
+    many-rows one past that."""
     gen = torch.Generator().manual_seed(1000 * qtype + m)
     k = 512 if quant.FORMATS[qtype].block == 256 else 96
     if qtype == quant.INT8_ROWS and m % 2 == 0:
@@ -75,7 +75,7 @@ def test_each_kernel_matches_the_reference_at_every_row_count(qtype, kernel):
     """Each kernel forced on row counts on both sides of where "auto" switches, with every
     remainder of the register tiles (12 rows with AVX-512, 6 with AVX2)."""
     gen = torch.Generator().manual_seed(qtype + len(kernel))
-    k, n = 128, 3 * 32 + 5
+    k, n = 128 if quant.FORMATS[qtype].block == 32 else 512, 3 * 32 + 5
     w, scales = weights(qtype, n, k, gen)
     streams = quant.few_rows_available(qtype, k)  # the build's own answer, as "auto" asks it
     for m in list(range(1, 27)) + [48, 49, 64, 97]:
@@ -99,11 +99,12 @@ def test_many_rows_is_batch_invariant():
         assert torch.equal(quant.qlinear(x[rows], w, None, quant.Q4_1, k, kernel="many"), whole[rows])
 
 
-def test_the_few_rows_kernel_refuses_types_it_cannot_stream():
-    w = random_blocks(quant.Q4_K, 8, 256, torch.Generator().manual_seed(3))
-    assert not quant.few_rows_available(quant.Q4_K, 256)
+def test_the_few_rows_kernel_refuses_shapes_it_cannot_stream():
+    """int8 rows stream 32 weights at a time: a K off that grid takes the many-rows kernel."""
+    w, scales = quant.quantize_int8(torch.randn(8, 101, generator=torch.Generator().manual_seed(3)))
+    assert not quant.few_rows_available(quant.INT8_ROWS, 101)
     with pytest.raises(RuntimeError, match="few-rows kernel needs"):
-        quant.qlinear(torch.randn(2, 256), w, None, quant.Q4_K, 256, kernel="few")
+        quant.qlinear(torch.randn(2, 101), w, scales, quant.INT8_ROWS, 101, kernel="few")
 
 
 @pytest.mark.parametrize("qtype", TYPES + [quant.INT8_ROWS], ids=lambda t: quant.FORMATS[t].name)

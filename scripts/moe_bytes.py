@@ -1,0 +1,144 @@
+"""Weight bytes a batch-1 decode step reads, against the model's active parameters: does a
+mixture-of-experts step read the routed experts' weights and no others?
+
+Every GEMM entry point the model calls (the native quantized kernel, the packed fp32
+GEMMs, torch's linear) and the embedding lookup are wrapped to add the bytes of the
+weight they were handed; one decode token of one request is counted. The expectation
+comes from the weights themselves: every non-expert GEMM and norm... whole, one
+embedding row, and of each expert layer exactly top-k experts' share of its experts.
+
+    python scripts/moe_bytes.py --model /tmp/moe-q4km.gguf --quantization gguf
+    python scripts/moe_bytes.py --model /tmp/moe-q4km.gguf            # its dense fp32 weights
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from engine import LLM, SamplingParams  # noqa: E402
+from engine.models import packed_linear  # noqa: E402
+from engine.models.layers.moe import SparseMoE  # noqa: E402
+from kernels import quant  # noqa: E402
+
+
+class Counter:
+    """Wraps the GEMM entry points; `bytes` is what the calls since the last reset read."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.calls = 0
+        self.saved = (quant.qlinear, quant.dequant_rows, packed_linear.linear, packed_linear.panel_linear, F.linear)
+
+    def __enter__(self) -> Counter:
+        q, rows, lin, panel, flin = self.saved
+
+        def qlinear(x, w, scales, qtype, k, kernel="auto"):
+            self._add(w.nbytes + (0 if scales is None else scales.nbytes))
+            return q(x, w, scales, qtype, k, kernel)
+
+        def dequant_rows(w, scales, ids, qtype, k):
+            self._add(ids.numel() * w.shape[1] + (0 if scales is None else ids.numel() * 4))
+            return rows(w, scales, ids, qtype, k)
+
+        def linear(x, packed, bias):
+            self._add(packed.nbytes)
+            return lin(x, packed, bias)
+
+        def panel_linear(x, panels, n, bias, glu=False):
+            self._add(panels.nbytes)
+            return panel(x, panels, n, bias, glu)
+
+        def flinear(x, weight, bias=None):
+            self._add(weight.nbytes)
+            return flin(x, weight, bias)
+
+        quant.qlinear, quant.dequant_rows = qlinear, dequant_rows
+        packed_linear.linear, packed_linear.panel_linear, F.linear = linear, panel_linear, flinear
+        return self
+
+    def __exit__(self, *exc) -> None:
+        quant.qlinear, quant.dequant_rows, packed_linear.linear, packed_linear.panel_linear, F.linear = self.saved
+
+    def _add(self, n: int) -> None:
+        self.bytes += n
+        self.calls += 1
+
+
+def weight_bytes(model) -> tuple[int, int, int]:
+    """(bytes of every GEMM weight outside the experts, of every expert, of the experts a
+    token reads: top-k of each expert layer's) as the model holds them."""
+    expert_ids, experts, active = set(), 0, 0
+    for mod in model.modules():
+        if isinstance(mod, SparseMoE):
+            held = [t for pair in getattr(mod, "expert_modules", []) for m in pair for t in m.buffers()]
+            held += [p for p in (mod.experts_gate_up, mod.experts_down) if p is not None]
+            held += [t for gate_up, down in _packed_modules(mod) for t in (gate_up, down)]
+            size = sum(t.nbytes for t in held if t is not None and t.dim() >= 2)
+            expert_ids.update(id(t) for t in held if t is not None)
+            experts += size
+            active += size * mod.spec.top_k // mod.spec.experts
+    dense = 0
+    for mod in model.modules():
+        for t in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
+            if t is not None and t.dim() >= 2 and id(t) not in expert_ids:
+                dense += t.nbytes
+        for name in ("panels", "packed"):
+            t = getattr(mod, name, None)
+            if isinstance(t, torch.Tensor) and id(t) not in expert_ids:
+                dense += t.nbytes
+    return dense, experts, active
+
+
+def _packed_modules(moe: SparseMoE):
+    """The packed tensors behind the expert layer's dense GEMMs (SparseMoE.pack)."""
+    for gate_up, down in moe.packed:
+        owners = [getattr(f, "__self__", None) for f in (gate_up, down)]
+        tensors = [getattr(o, "panels", None) if getattr(o, "panels", None) is not None else getattr(o, "packed", None)
+                   for o in owners]
+        if all(isinstance(t, torch.Tensor) and not hasattr(o, "qweight") for t, o in zip(tensors, owners)):
+            yield tensors
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--quantization", default=None)
+    ap.add_argument("--dtype", default="float32")
+    args = ap.parse_args()
+    llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, max_model_len=256,
+              enable_prefix_caching=False)
+    model = llm.engine.executor.runner.model
+    eng = llm.engine
+    vocab = llm.engine.hf_config.vocab_size
+    eng.add_request("b", [(7919 * i) % vocab for i in range(1, 33)],
+                    SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    eng.step()  # the prefill, and the first token
+    with Counter() as c:
+        eng.step()  # one decode token
+    while eng.has_unfinished():
+        eng.step()
+    dense, experts, active = weight_bytes(model)
+    # The embedding table is read one row a token (counted by the lookup), not whole.
+    embed = model.embed_tokens
+    table = getattr(getattr(embed, "table", None), "qweight", None)
+    table = table if table is not None else getattr(embed, "weight", None)
+    tied = model.tie
+    row = table.nbytes // table.shape[0]
+    expected = dense - (0 if tied else table.nbytes) + active + row
+    mib = 1 / 2**20
+    print(f"model: {args.model}, quantization {args.quantization}, dtype {args.dtype}")
+    print(f"weights held: {(dense + experts) * mib:.1f} MiB ({experts * mib:.1f} MiB of experts)")
+    print(f"expected per token: {expected * mib:.2f} MiB (every non-expert GEMM, one embedding row, "
+          f"top-k of each expert layer)")
+    print(f"measured per decode token: {c.bytes * mib:.2f} MiB in {c.calls} weight reads "
+          f"= {c.bytes / expected:.4f}x expected, {c.bytes / (dense + experts):.3f}x of all weights")
+
+
+if __name__ == "__main__":
+    main()

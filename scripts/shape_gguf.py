@@ -1,0 +1,131 @@
+"""Random-weight GGUF files of the benchmark shapes (scripts/model_shapes.py), for batch-1
+decode against llama.cpp's llama-server on the same file: written with the gguf package
+as llama.cpp's converter names and lays out a Qwen3 or Qwen3-MoE checkpoint (experts
+merged per layer), in F16, then quantized by llama.cpp's own llama-quantize (Q4_K_M, a
+mix of Q4_K and Q6_K) or written as Q8_0 directly. Nothing is downloaded.
+
+    python scripts/shape_gguf.py qwen3-moe-1.2b Q4_K_M /tmp/moe-q4km.gguf
+    python scripts/shape_gguf.py qwen3-0.6b Q8_0 /tmp/q06-q8.gguf
+
+The tokenizer is byte-level BPE padded with user-defined tokens to the shape's vocabulary;
+benchmarks feed token ids. Weights are N(0, 0.02) and norms 1, so routers spread tokens
+over the experts about evenly.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_shapes import SHAPES  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+QUANTIZE = ROOT / ".peers/llama.cpp/build/bin/llama-quantize"
+
+
+def _tokenizer(writer, vocab: int) -> None:
+    import gguf
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    chars = list(bytes_to_unicode().values()) + ["\u0120\u0120"]  # and the one merge's product
+    tokens = ["<unk>", "<s>", "</s>"] + chars + [f"<extra_{i}>" for i in range(vocab - 3 - len(chars))]
+    types = [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * len(chars) \
+        + [gguf.TokenType.USER_DEFINED] * (vocab - 3 - len(chars))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(["\u0120 \u0120"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+
+def write(shape: str, out: Path, qtype: str = "F16") -> Path:
+    """The shape as a GGUF of qtype F16, F32 or Q8_0 (the ones the gguf package writes)."""
+    import gguf
+
+    s = dict(SHAPES[shape])
+    moe = s.get("model_type") == "qwen3_moe"
+    arch = gguf.MODEL_ARCH.QWEN3MOE if moe else gguf.MODEL_ARCH.QWEN3
+    h, layers, heads, kv, d = (s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"],
+                               s["num_key_value_heads"], s["head_dim"])
+    writer = gguf.GGUFWriter(out, gguf.MODEL_ARCH_NAMES[arch])
+    writer.add_context_length(40960)
+    writer.add_embedding_length(h)
+    writer.add_feed_forward_length(s["intermediate_size"])
+    writer.add_block_count(layers)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv)
+    writer.add_key_length(d)
+    writer.add_value_length(d)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(1000000.0)
+    writer.add_vocab_size(s["vocab_size"])
+    if moe:
+        writer.add_expert_count(s["num_experts"])
+        writer.add_expert_used_count(s["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(s["moe_intermediate_size"])
+    _tokenizer(writer, s["vocab_size"])
+    rng = np.random.default_rng(0)
+    kind = getattr(gguf.GGMLQuantizationType, qtype)
+
+    def add(name: str, shape: tuple[int, ...], norm: bool = False) -> None:
+        if norm:
+            writer.add_tensor(name, np.ones(shape, dtype=np.float32))
+            return
+        data = (rng.standard_normal(shape, dtype=np.float32) * 0.02)
+        if qtype == "Q8_0":
+            writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, data.astype(np.float16 if qtype == "F16" else np.float32))
+
+    v = s["vocab_size"]
+    add("token_embd.weight", (v, h))
+    add("output_norm.weight", (h,), norm=True)
+    if not s.get("tie_word_embeddings", False):
+        add("output.weight", (v, h))
+    for i in range(layers):
+        p = f"blk.{i}."
+        for name, shape in (("attn_norm", (h,)), ("ffn_norm", (h,)), ("attn_q_norm", (d,)), ("attn_k_norm", (d,))):
+            add(p + name + ".weight", shape, norm=True)
+        add(p + "attn_q.weight", (heads * d, h))
+        add(p + "attn_k.weight", (kv * d, h))
+        add(p + "attn_v.weight", (kv * d, h))
+        add(p + "attn_output.weight", (h, heads * d))
+        if moe:
+            e, inter = s["num_experts"], s["moe_intermediate_size"]
+            add(p + "ffn_gate_inp.weight", (e, h))
+            add(p + "ffn_gate_exps.weight", (e, inter, h))
+            add(p + "ffn_up_exps.weight", (e, inter, h))
+            add(p + "ffn_down_exps.weight", (e, h, inter))
+        else:
+            inter = s["intermediate_size"]
+            add(p + "ffn_gate.weight", (inter, h))
+            add(p + "ffn_up.weight", (inter, h))
+            add(p + "ffn_down.weight", (h, inter))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def main(shape: str, qtype: str, out: Path) -> Path:
+    if qtype in ("F16", "F32", "Q8_0"):
+        return write(shape, out, qtype)
+    if not QUANTIZE.is_file():
+        raise SystemExit("llama-quantize missing: cmake --build .peers/llama.cpp/build --target llama-quantize "
+                         "(after scripts/peers/setup_llama_server.sh)")
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        f16 = write(shape, Path(tmp) / "f16.gguf", "F16")
+        subprocess.run([str(QUANTIZE), str(f16), str(out), qtype], check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+if __name__ == "__main__":
+    print(main(sys.argv[1], sys.argv[2], Path(sys.argv[3])))
