@@ -4,8 +4,8 @@ mixture-of-experts step read the routed experts' weights and no others?
 Every GEMM entry point the model calls (the native quantized kernel, the packed fp32
 GEMMs, torch's linear) and the embedding lookup are wrapped to add the bytes of the
 weight they were handed; one decode token of one request is counted. The expectation
-comes from the weights themselves: every non-expert GEMM and norm... whole, one
-embedding row, and of each expert layer exactly top-k experts' share of its experts.
+comes from the weights themselves: every non-expert GEMM weight whole, one embedding
+row, and of each expert layer exactly top-k experts' share of its experts.
 
     python scripts/moe_bytes.py --model /tmp/moe-q4km.gguf --quantization gguf
     python scripts/moe_bytes.py --model /tmp/moe-q4km.gguf            # its dense fp32 weights
@@ -33,10 +33,11 @@ class Counter:
     def __init__(self) -> None:
         self.bytes = 0
         self.calls = 0
-        self.saved = (quant.qlinear, quant.dequant_rows, packed_linear.linear, packed_linear.panel_linear, F.linear)
+        self.saved = (quant.qlinear, quant.dequant_rows, packed_linear.linear, packed_linear.panel_linear, F.linear,
+                      F.embedding)
 
     def __enter__(self) -> Counter:
-        q, rows, lin, panel, flin = self.saved
+        q, rows, lin, panel, flin, emb = self.saved
 
         def qlinear(x, w, scales, qtype, k, kernel="auto"):
             self._add(w.nbytes + (0 if scales is None else scales.nbytes))
@@ -58,12 +59,17 @@ class Counter:
             self._add(weight.nbytes)
             return flin(x, weight, bias)
 
+        def embedding(ids, weight, *args, **kwargs):
+            self._add(ids.numel() * weight.shape[1] * weight.element_size())
+            return emb(ids, weight, *args, **kwargs)
+
         quant.qlinear, quant.dequant_rows = qlinear, dequant_rows
-        packed_linear.linear, packed_linear.panel_linear, F.linear = linear, panel_linear, flinear
+        packed_linear.linear, packed_linear.panel_linear, F.linear, F.embedding = linear, panel_linear, flinear, embedding
         return self
 
     def __exit__(self, *exc) -> None:
-        quant.qlinear, quant.dequant_rows, packed_linear.linear, packed_linear.panel_linear, F.linear = self.saved
+        (quant.qlinear, quant.dequant_rows, packed_linear.linear, packed_linear.panel_linear, F.linear,
+         F.embedding) = self.saved
 
     def _add(self, n: int) -> None:
         self.bytes += n
@@ -84,8 +90,12 @@ def weight_bytes(model) -> tuple[int, int, int]:
             experts += size
             active += size * mod.spec.top_k // mod.spec.experts
     dense = 0
-    for mod in model.modules():
-        for t in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
+    for name, mod in model.named_modules():  # weights only: parameters and quantized blocks, not the rotary tables
+        if name == "lm_head" and getattr(model, "head", None) is not None:
+            continue  # kept for loading; the packed or quantized `head` is what runs
+        held = list(mod.parameters(recurse=False))
+        held += [getattr(mod, "qweight", None)] if hasattr(mod, "qweight") else []
+        for t in held:
             if t is not None and t.dim() >= 2 and id(t) not in expert_ids:
                 dense += t.nbytes
         for name in ("panels", "packed"):
