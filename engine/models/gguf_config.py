@@ -46,7 +46,7 @@ def parsed_once() -> Iterator[None]:
         def reader(path: Any, mode: str = "r") -> Any:
             key = (str(Path(path).resolve()), mode)
             if key not in readers:
-                readers[key] = real_reader(path, mode)
+                readers[key] = _hide_misread(real_reader(path, mode))
             return readers[key]
 
         gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(real_map)
@@ -56,12 +56,26 @@ def parsed_once() -> Iterator[None]:
             gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
 
 
+# Keys transformers' GGUF reader misreads: for gpt-oss it takes a rope scaling field's first
+# part (the key's length) as its value and fails on every file llama.cpp writes. Within
+# parsed_once they are read here and hidden from it.
+MISREAD = ("gpt-oss.rope.scaling.",)
+
+
+def _hide_misread(reader: Any) -> Any:
+    reader.hidden_fields = {k: reader.fields[k].contents() for k in list(reader.fields) if k.startswith(MISREAD)}
+    for k in reader.hidden_fields:
+        del reader.fields[k]
+    return reader
+
+
 def _fields(path: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
     import gguf
 
     reader = gguf.GGUFReader(path)
     fields = {k: f.contents() for k, f in reader.fields.items()
               if not k.startswith("tokenizer.") or k == "tokenizer.ggml.padding_token_id"}
+    fields.update(getattr(reader, "hidden_fields", {}))
     tensors = {t.name: t for t in reader.tensors if t.name.startswith("rope_factors")}
     return str(fields.get("general.architecture", "")), fields, tensors
 
@@ -119,6 +133,10 @@ def restore(config: Any, path: Path) -> Any:
         config.rope_parameters["full_attention"].update(rope_type="linear", factor=float(get("rope.scaling.factor")))
     if arch == "phi3":
         _phi3(config, get, tensors)
+    if arch == "gpt-oss":
+        _gpt_oss(config, get)
+    if arch == "llama" and get("expert_count"):
+        return _mixtral(config, get)
     if arch in ("qwen2moe", "qwen3moe"):
         # llama.cpp builds every layer as experts, renormalising the top-k for Qwen3-MoE only.
         config.moe_intermediate_size = int(get("expert_feed_forward_length"))
@@ -147,3 +165,34 @@ def _phi3(config: Any, get, tensors: dict[str, Any]) -> None:
             params["attention_factor"] = float(get("rope.scaling.attn_factor"))
         config.original_max_position_embeddings = params["original_max_position_embeddings"]
     config.rope_parameters = params
+
+
+def _gpt_oss(config: Any, get) -> None:
+    """Its expert size, window and alternating layers (llama.cpp's pattern: every other
+    layer windowed, the first one included) and YaRN, whose `truncate: false` every gpt-oss
+    checkpoint sets and no GGUF key carries. The SwiGLU clamp and slope stay the config's
+    defaults, the released models' 7 and 1.702, which llama.cpp also fixes."""
+    config.intermediate_size = int(get("expert_feed_forward_length", config.intermediate_size))
+    config.sliding_window = int(get("attention.sliding_window", config.sliding_window))
+    config.layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                          for i in range(config.num_hidden_layers)]
+    params = {"rope_type": "default", "rope_theta": float(get("rope.freq_base", 150000.0))}
+    if get("rope.scaling.type") == "yarn":
+        params.update(rope_type="yarn", factor=float(get("rope.scaling.factor")), truncate=False,
+                      original_max_position_embeddings=int(get("rope.scaling.original_context_length")),
+                      beta_fast=float(get("rope.scaling.yarn_beta_fast", 32.0)),
+                      beta_slow=float(get("rope.scaling.yarn_beta_slow", 1.0)))
+    config.rope_parameters = params
+
+
+def _mixtral(config: Any, get) -> Any:
+    """llama.cpp files Mixtral as `llama` with experts: the Mixtral config it was written from."""
+    from transformers import MixtralConfig
+
+    keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "max_position_embeddings", "rms_norm_eps", "rope_parameters", "tie_word_embeddings", "bos_token_id",
+            "eos_token_id", "pad_token_id")
+    return MixtralConfig(**{k: getattr(config, k) for k in keep if hasattr(config, k)},
+                         intermediate_size=int(get("expert_feed_forward_length", config.intermediate_size)),
+                         num_local_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")),
+                         sliding_window=None, architectures=["MixtralForCausalLM"])

@@ -134,15 +134,18 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from engine.models import gguf_config, registry
+    from engine.models import gguf_config, gguf_tensors, registry
 
     with gguf_config.parsed_once():
         config = gguf_config.restore(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
         registry.text_config(config)  # refuses an architecture we cannot serve, before any work
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        with torch.device("meta"):
-            skeleton = AutoModelForCausalLM.from_config(config)
-        tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)["tensors"]
+        if gguf_tensors.handles(config):  # files transformers' reader does not convert
+            tensors = gguf_tensors.convert(gguf, config)
+        else:
+            with torch.device("meta"):
+                skeleton = AutoModelForCausalLM.from_config(config)
+            tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)["tensors"]
         stops = gguf_config.stop_token_ids(gguf, tokenizer)
     # A directory of its own: a name from the pid collided across containers sharing the
     # cache, where every process may be pid 1.

@@ -4,8 +4,8 @@ each value is a 4-bit E2M1 float, two to a byte, the low nibble first.
 
 Tensors come in pairs, `<name>_blocks` uint8 [..., G, 16] and `<name>_scales` uint8
 [..., G], for rows of G * 32 values. A scale byte of 255 is NaN in E8M0, and a scale
-that makes a value overflow fp32 is not a weight anyone trained:
-both are refused, naming the tensor."""
+that makes a value overflow fp32 is not a weight anyone trained: both are refused,
+naming the tensor."""
 
 from __future__ import annotations
 
@@ -33,4 +33,3 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> torch.T
     if not bool(torch.isfinite(out).all()):
         raise ValueError(f"{name}_scales are out of range: a scale of 2^{int(scales.max()) - 127} overflows fp32")
     return out.flatten(-2)
-

@@ -1,6 +1,7 @@
-"""Quantized weights for the CPU: every GEMM of the model (the projections, the MLP and
-the head) and the embedding computed on quantized weights by the native kernels
-(kernels/csrc/quant.cpp for few rows, qgemm.cpp for many), at every row count.
+"""Quantized weights for the CPU: every GEMM of the model (the projections, the MLP or
+each expert, and the head) and the embedding computed on quantized weights by the native
+kernels (kernels/csrc/quant.cpp for few rows, qgemm.cpp for many), at every row count;
+an expert layer's router stays dense.
 
 - "gguf": the GGUF file's own blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), so the values are
   exactly those the file holds, which are the ones the fp32 path dequantizes;
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from engine.errors import ParamError
+from engine.models.gguf_tensors import unpermute
 from kernels import quant
 
 MODES = ("gguf", "int8")
@@ -191,7 +193,7 @@ def _int8_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> QuantLinear
 
 def _int8_expert(moe: Any, e: int) -> tuple[QuantLinear, QuantLinear]:
     gate_up, down = moe.expert_weights(e)
-    return _int8_weight(gate_up, moe._bias("gate_up", e)), _int8_weight(down, moe._bias("down", e))
+    return _int8_weight(gate_up, moe.expert_bias("gate_up", e)), _int8_weight(down, moe.expert_bias("down", e))
 
 
 # -- GGUF -------------------------------------------------------------------------------
@@ -248,20 +250,12 @@ def _blocks(tensors: dict[str, Any], name: str) -> tuple[int, torch.Tensor, int]
     return qtype, data, k
 
 
-def _unpermute(data: torch.Tensor, heads: int) -> torch.Tensor:
-    """llama.cpp's converter interleaves each head's rotary halves in q and k; transformers
-    undoes it when it reads the file (the fp32 path's weights). The same row order here."""
-    n = data.shape[0]
-    order = torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
-    return data[order]
-
-
 def _gguf_table(tensors: dict[str, Any], name: str) -> QuantLinear:
     qtype, data, k = _blocks(tensors, f"{name}.weight")
     return QuantLinear(data, None, qtype, k)
 
 
-def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, QuantLinear]:
+def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, QuantLinear | QuantConcat]:
     from engine.models.layers.moe import SparseMoE
 
     out = {}
@@ -278,7 +272,7 @@ def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, 
                 parts.update(GGUF_SHARED_PARTS)
         for ours, theirs in parts.items():
             blocks = [_blocks(tensors, f"blk.{first + i}.{name}.weight") for name in theirs]
-            rows = [_unpermute(b[1], heads[n]) if n in heads else b[1] for n, b in zip(theirs, blocks)]
+            rows = [unpermute(b[1], heads[n]) if n in heads else b[1] for n, b in zip(theirs, blocks)]
             bias = getattr(layer.get_submodule(ours), "bias", None)
             out[f"{i}.{ours}"] = quant_rows(rows, [b[0] for b in blocks], blocks[0][2], bias)
     return out

@@ -4,7 +4,8 @@ Each tensor arrives as something sliceable, a safetensors slice or a tensor, and
 rows or columns this rank holds are read: under tensor parallelism a rank never
 materializes the whole checkpoint. Separate q/k/v and gate/up tensors go into their
 fused parameters; checkpoints that already fuse them (Phi-3's qkv_proj and gate_up_proj)
-are split the same way.
+are split the same way. Experts come one tensor per expert (Mixtral, Qwen) or stacked per
+layer (transformers 5, gpt-oss, GGUF conversions), and gpt-oss's also in MXFP4 pairs.
 """
 
 from __future__ import annotations

@@ -33,6 +33,10 @@ GGUF_OVERRIDES = {
     # intermediate sizes in whole 32-value blocks, so that the quantized files quantize them.
     "qwen3_moe": dict(mlp_only_layers=[], moe_intermediate_size=64),
     "qwen2_moe": dict(moe_intermediate_size=64),
+    # Mixtral is filed as `llama`, which carries no window; gpt-oss's MXFP4 needs whole 32-value
+    # blocks, and llama.cpp fixes its SwiGLU clamp at the released models' 7.
+    "mixtral": dict(sliding_window=None),
+    "gpt_oss": dict(intermediate_size=64, swiglu_limit=7.0),
 }
 
 
@@ -74,6 +78,33 @@ def test_a_gguf_gives_transformers_tokens_on_its_checkpoint(model_type, written)
     assert llm.engine.hf_config.model_type == model_type
     prompts = prompts_for(model_type)
     assert engine_greedy(llm, prompts, 12, ignore_eos=True) == hf_greedy(hf, prompts, 12, None)
+
+
+def test_a_gpt_oss_gguf_with_mxfp4_experts_gives_transformers_tokens(tmp_path, default_model_dir):
+    """llama.cpp keeps gpt-oss's experts in GGML's MXFP4: the engine dequantizes them with the
+    rest; transformers runs on the same values (the gguf package's own MXFP4 round trip)."""
+    import gguf
+    from safetensors.torch import load_file, save_file
+
+    hf_dir = arch_models.build("gpt_oss", tmp_path / "hf", default_model_dir, vocab_size=gguf_files.VOCAB,
+                               **GGUF_OVERRIDES["gpt_oss"])
+    path = gguf_files.write(hf_dir, tmp_path / "gpt_oss.gguf", mxfp4_experts=True)
+    weights = load_file(hf_dir / "model.safetensors")
+    kind = gguf.GGMLQuantizationType.MXFP4
+    for name in [n for n in weights if n.endswith(("gate_up_proj", "down_proj"))]:
+        w = weights[name].transpose(1, 2).contiguous().numpy()  # [E, out, in]: blocks run along `in`
+        rounded = gguf.quants.dequantize(gguf.quants.quantize(w, kind), kind)
+        weights[name] = torch.from_numpy(rounded.copy()).transpose(1, 2).contiguous()
+        assert not torch.equal(weights[name], load_file(hf_dir / "model.safetensors")[name])
+    save_file(weights, hf_dir / "model.safetensors")
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    llm = LLM(str(path), dtype="float32", max_model_len=64, block_size=8, quantization=None)
+    assert llm.engine.hf_config.model_type == "gpt_oss"
+    prompts = prompts_for("gpt_oss")
+    assert engine_greedy(llm, prompts, 12, ignore_eos=True) == hf_greedy(hf, prompts, 12, None)
+    with pytest.raises(ParamError) as e:  # no kernel reads these blocks: refused by name, not served dense
+        LLM(str(path), dtype="float32", max_model_len=64, quantization="gguf")
+    assert e.value.param == "quantization" and "quantization 'gguf' serves" in str(e.value)
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "phi3", "gemma3_text", "qwen2_moe"])

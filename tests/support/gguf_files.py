@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3",
-             "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE"}
+             "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gpt_oss": "GPT_OSS", "mixtral": "LLAMA"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -42,9 +42,9 @@ def _byte_tokenizer(writer, specials: tuple[str, ...] = ()) -> None:
 
 
 def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None = None,
-          specials: tuple[str, ...] = ()) -> Path:
+          specials: tuple[str, ...] = (), mxfp4_experts: bool = False) -> Path:
     """`chat_template` and its `specials` (control tokens) go in the tokenizer, as a chat
-    model's converter writes them."""
+    model's converter writes them; `mxfp4_experts` writes merged experts in GGML's MXFP4."""
     import gguf
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -84,6 +84,22 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         if config.model_type == "qwen2_moe":
             writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
         tensors = _merge_experts(tensors, config.num_hidden_layers, config.num_experts)
+    if config.model_type in ("gpt_oss", "mixtral"):
+        writer.add_expert_count(config.num_local_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.intermediate_size)
+    if config.model_type == "gpt_oss":
+        writer.add_sliding_window(config.sliding_window)
+        if rope.get("rope_type") == "yarn":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            writer.add_rope_scaling_factor(rope["factor"])
+            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+            writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+            writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        tensors = _gpt_oss_experts(tensors, config.num_hidden_layers)
+    if config.model_type == "mixtral":
+        tensors = _merge_experts(_llama_permuted(tensors, config), config.num_hidden_layers, config.num_local_experts,
+                                 "block_sparse_moe", ("w1", "w3", "w2"))
     if config.model_type == "phi3":
         writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
         writer.add_sliding_window(config.sliding_window or 0)
@@ -97,7 +113,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_chat_template(chat_template)
     names = gguf.get_tensor_name_map(arch, layers)
     for hf_name, tensor in tensors.items():
-        if hf_name.startswith("rope_factors"):
+        if hf_name.startswith(("rope_factors", "blk.")):  # named already (merged experts)
             gguf_name = hf_name
         else:
             gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
@@ -107,8 +123,13 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
             data = data + 1  # the converter stores Gemma's (1 + w)
         if hf_name.endswith("shared_expert_gate.weight"):
             data = data.squeeze(0)  # llama.cpp reads ffn_gate_inp_shexp as [hidden]
+        if gguf_name.endswith("attn_sinks"):
+            gguf_name += ".weight"  # llama.cpp names the sinks as a weight
         array = data.numpy().astype(np.float32)
-        if qtype != "F32" and array.ndim in (2, 3) and array.shape[-1] % 32 == 0:
+        if mxfp4_experts and "_exps.weight" in gguf_name:
+            kind = gguf.GGMLQuantizationType.MXFP4  # as llama.cpp's converter keeps gpt-oss's experts
+            writer.add_tensor(gguf_name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+        elif qtype != "F32" and array.ndim in (2, 3) and array.shape[-1] % 32 == 0:
             kind = getattr(gguf.GGMLQuantizationType, qtype)
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, kind), raw_dtype=kind)
         else:
@@ -120,13 +141,40 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     return out
 
 
-def _merge_experts(tensors: dict[str, torch.Tensor], layers: int, experts: int) -> dict[str, torch.Tensor]:
+def _merge_experts(tensors: dict[str, torch.Tensor], layers: int, experts: int, block: str = "mlp",
+                   projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> dict[str, torch.Tensor]:
     """Each layer's per-expert gate, up and down weights stacked into one [E, out, in]
-    tensor apiece, under the names gguf's map gives llama.cpp's ffn_{gate,up,down}_exps."""
+    tensor apiece: llama.cpp's blk.<i>.ffn_{gate,up,down}_exps."""
+    out = {k: v for k, v in tensors.items() if f".{block}.experts." not in k}
+    for i in range(layers):
+        for proj, merged in zip(projections, ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")):
+            names = [f"model.layers.{i}.{block}.experts.{e}.{proj}.weight" for e in range(experts)]
+            if names[0] in tensors:
+                out[f"blk.{i}.{merged}.weight"] = torch.stack([tensors[n] for n in names])
+    return out
+
+
+def _gpt_oss_experts(tensors: dict[str, torch.Tensor], layers: int) -> dict[str, torch.Tensor]:
+    """gpt-oss's stacked x @ W experts, gate and up interleaved, split and transposed into
+    llama.cpp's [E, out, in] ffn_{gate,up,down}_exps and their biases."""
     out = {k: v for k, v in tensors.items() if ".mlp.experts." not in k}
     for i in range(layers):
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            names = [f"model.layers.{i}.mlp.experts.{e}.{proj}.weight" for e in range(experts)]
-            if names[0] in tensors:
-                out[f"model.layers.{i}.mlp.experts.{proj}.weight"] = torch.stack([tensors[n] for n in names])
+        p = f"model.layers.{i}.mlp.experts."
+        gate_up, bias = tensors[p + "gate_up_proj"].transpose(1, 2), tensors[p + "gate_up_proj_bias"]
+        out[f"blk.{i}.ffn_gate_exps.weight"], out[f"blk.{i}.ffn_up_exps.weight"] = gate_up[:, 0::2], gate_up[:, 1::2]
+        out[f"blk.{i}.ffn_gate_exps.bias"], out[f"blk.{i}.ffn_up_exps.bias"] = bias[:, 0::2], bias[:, 1::2]
+        out[f"blk.{i}.ffn_down_exps.weight"] = tensors[p + "down_proj"].transpose(1, 2)
+        out[f"blk.{i}.ffn_down_exps.bias"] = tensors[p + "down_proj_bias"]
+    return out
+
+
+def _llama_permuted(tensors: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """q and k with each head's rotary halves interleaved, as llama.cpp's Llama converter
+    stores them."""
+    out = dict(tensors)
+    for name, tensor in tensors.items():
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
+            n = tensor.shape[0]
+            out[name] = tensor.reshape(heads, 2, n // heads // 2, -1).transpose(1, 2).reshape(tensor.shape)
     return out

@@ -49,8 +49,8 @@ class SparseMoE(nn.Module):
         layers are (a small expert GEMM gains most from it), and drop the 3-D originals."""
         from engine.models.packed_linear import PackedLinear
 
-        self.packed = [(PackedLinear(self.experts_gate_up[e], self._bias("gate_up", e)).forward,
-                        PackedLinear(self.experts_down[e], self._bias("down", e)).forward)
+        self.packed = [(PackedLinear(self.experts_gate_up[e], self.expert_bias("gate_up", e)).forward,
+                        PackedLinear(self.experts_down[e], self.expert_bias("down", e)).forward)
                        for e in range(self.spec.experts)]
         self.experts_gate_up = None
         self.experts_down = None
@@ -67,7 +67,8 @@ class SparseMoE(nn.Module):
         """Expert e's dense gate_up [2 I, hidden] and down [hidden, I], before packing."""
         return self.experts_gate_up[e], self.experts_down[e]
 
-    def _bias(self, which: str, e: int) -> torch.Tensor | None:
+    def expert_bias(self, which: str, e: int) -> torch.Tensor | None:
+        """Expert e's gate_up or down bias (gpt-oss), None where experts have none."""
         return getattr(self, f"experts_{which}_bias")[e] if self.spec.expert_bias else None
 
     def glu(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -109,8 +110,8 @@ class SparseMoE(nn.Module):
                 gate_up, down = self.packed[e]
                 y = down(self.glu(gate_up(x[tokens])))
             else:
-                h = self.glu(F.linear(x[tokens], self.experts_gate_up[e], self._bias("gate_up", e)))
-                y = F.linear(h, self.experts_down[e], self._bias("down", e))
+                h = self.glu(F.linear(x[tokens], self.experts_gate_up[e], self.expert_bias("gate_up", e)))
+                y = F.linear(h, self.experts_down[e], self.expert_bias("down", e))
             y = y * weights[tokens, choice, None]
             out.index_add_(0, tokens, y.to(out.dtype))
         out = self.tp.all_reduce(out)

@@ -1,0 +1,100 @@
+"""A GGUF file's tensors under a checkpoint's HF names, for the architectures whose files
+transformers' GGUF reader does not convert: gpt-oss (experts in MXFP4, biases, attention
+sinks) and Mixtral (which llama.cpp files as `llama` with each layer's experts merged).
+
+Each tensor is dequantized by the gguf package (MXFP4 included) and renamed as
+llama.cpp's converter named it; the experts come out stacked per layer in the layout the
+loader reads for that architecture (engine/models/weights.py): gpt-oss's [E, hidden,
+2 I] with gate and up interleaved, Mixtral's Linear-shaped [E, 2 I, hidden]."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+# Per-layer tensors renamed one for one: GGUF name -> HF name under model.layers.<i>.
+GPT_OSS_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight", "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight", "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_sinks.weight": "self_attn.sinks",
+    "ffn_gate_inp.weight": "mlp.router.weight", "ffn_gate_inp.bias": "mlp.router.bias",
+    "ffn_down_exps.bias": "mlp.experts.down_proj_bias",
+}
+MIXTRAL_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+}
+GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+          "output.weight": "lm_head.weight"}
+OWN = ("gpt_oss", "mixtral")  # the model types this module converts
+
+
+def handles(config: Any) -> bool:
+    return config.model_type in OWN
+
+
+def convert(path: Path, config: Any) -> dict[str, torch.Tensor]:
+    """Every tensor of the file, dequantized to fp32 under its HF name; a ValueError
+    naming a tensor this architecture does not have."""
+    import gguf
+
+    layer_names = GPT_OSS_LAYER if config.model_type == "gpt_oss" else MIXTRAL_LAYER
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[tuple[int, str], torch.Tensor] = {}
+    for t in gguf.GGUFReader(path).tensors:
+        data = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+        if t.name in GLOBAL:
+            out[GLOBAL[t.name]] = data
+            continue
+        m = re.fullmatch(r"blk\.(\d+)\.(.+)", t.name)
+        if m is None:
+            raise ValueError(f"unexpected GGUF tensor {t.name!r} for {config.model_type}")
+        i, rest = int(m[1]), m[2]
+        if rest.startswith(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")) and rest not in layer_names:
+            experts[i, rest] = data
+        elif rest in layer_names:
+            if config.model_type == "mixtral" and rest in ("attn_q.weight", "attn_k.weight"):
+                heads = config.num_attention_heads if rest == "attn_q.weight" else config.num_key_value_heads
+                data = unpermute(data, heads)
+            out[f"model.layers.{i}.{layer_names[rest]}"] = data
+        else:
+            raise ValueError(f"unexpected GGUF tensor {t.name!r} for {config.model_type}")
+    for i in range(config.num_hidden_layers):
+        out.update(_experts(config, i, experts))
+    return out
+
+
+def _experts(config: Any, i: int, experts: dict[tuple[int, str], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Layer i's merged experts ([E, out, in] each, as llama.cpp stores them) in the stacked
+    layout the loader reads for the architecture."""
+    def take(name: str) -> torch.Tensor:
+        if (i, name) not in experts:
+            raise ValueError(f"the GGUF file has no tensor 'blk.{i}.{name}'")
+        return experts.pop((i, name))
+
+    prefix = f"model.layers.{i}.mlp.experts."
+    gate, up, down = take("ffn_gate_exps.weight"), take("ffn_up_exps.weight"), take("ffn_down_exps.weight")
+    if config.model_type == "mixtral":
+        return {prefix + "gate_up_proj": torch.cat((gate, up), dim=1), prefix + "down_proj": down}
+    # gpt-oss: x @ W with gate and up interleaved column by column, and their biases likewise
+    gate_b, up_b = take("ffn_gate_exps.bias"), take("ffn_up_exps.bias")
+    return {prefix + "gate_up_proj": torch.stack((gate, up), dim=2).flatten(1, 2).transpose(1, 2).contiguous(),
+            prefix + "gate_up_proj_bias": torch.stack((gate_b, up_b), dim=2).flatten(1, 2),
+            prefix + "down_proj": down.transpose(1, 2).contiguous()}
+
+
+def unpermute(rows: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's converter interleaves each head's rotary halves in a Llama-family q and
+    k; transformers' reader undoes it. The same row order back (any trailing shape)."""
+    n = rows.shape[0]
+    order = torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
+    return rows[order]
