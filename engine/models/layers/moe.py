@@ -95,25 +95,29 @@ class SparseMoE(nn.Module):
         experts, weights = self.route(x)
         n, k = experts.shape
         out = torch.zeros_like(x)
-        # (choice, token) order, grouped by expert with a stable sort: transformers' order
+        # (choice, token) order, grouped by expert with a stable sort: transformers' order. The
+        # gather, the weighting and the sum run once over every (token, expert) pair; one
+        # index_add in that order adds each token's expert outputs in transformers' order.
         flat = experts.t().reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.spec.experts).tolist()
+        tokens = order % n
+        xs = x[tokens]
+        ys = torch.empty_like(xs)
         start = 0
         for e, count in enumerate(counts):
             if not count:
                 continue
-            picked = order[start:start + count]
-            start += count
-            tokens, choice = picked % n, picked // n
+            rows = xs[start:start + count]
             if self.packed:
                 gate_up, down = self.packed[e]
-                y = down(self.glu(gate_up(x[tokens])))
+                ys[start:start + count] = down(self.glu(gate_up(rows)))
             else:
-                h = self.glu(F.linear(x[tokens], self.experts_gate_up[e], self.expert_bias("gate_up", e)))
-                y = F.linear(h, self.experts_down[e], self.expert_bias("down", e))
-            y = y * weights[tokens, choice, None]
-            out.index_add_(0, tokens, y.to(out.dtype))
+                h = self.glu(F.linear(rows, self.experts_gate_up[e], self.expert_bias("gate_up", e)))
+                ys[start:start + count] = F.linear(h, self.experts_down[e], self.expert_bias("down", e))
+            start += count
+        ys = ys * weights.t().reshape(-1)[order, None]
+        out.index_add_(0, tokens, ys.to(out.dtype))
         out = self.tp.all_reduce(out)
         if self.spec.shared_inter:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
