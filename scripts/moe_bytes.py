@@ -64,7 +64,8 @@ class Counter:
             return emb(ids, weight, *args, **kwargs)
 
         quant.qlinear, quant.dequant_rows = qlinear, dequant_rows
-        packed_linear.linear, packed_linear.panel_linear, F.linear, F.embedding = linear, panel_linear, flinear, embedding
+        packed_linear.linear, packed_linear.panel_linear = linear, panel_linear
+        F.linear, F.embedding = flinear, embedding
         return self
 
     def __exit__(self, *exc) -> None:

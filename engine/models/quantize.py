@@ -31,8 +31,9 @@ GGUF_PARTS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "self_attn.o
               "mlp.gate_up_proj": ("ffn_gate", "ffn_up"), "mlp.down_proj": ("ffn_down",)}
 GGUF_FUSED_PARTS = {"self_attn.qkv_proj": ("attn_qkv",), "self_attn.o_proj": ("attn_output",),
                     "mlp.gate_up_proj": ("ffn_up",), "mlp.down_proj": ("ffn_down",)}
-# The architectures whose q and k rows llama.cpp's converter interleaves (its Llama family).
-PERMUTED = {"llama", "mistral", "granite"}
+# The architectures whose q and k rows llama.cpp's converter interleaves (its Llama family,
+# Mixtral filed as `llama` among them).
+PERMUTED = {"llama", "mistral", "granite", "mixtral"}
 # An expert layer's router and a shared expert's gate: kept dense under every mode.
 ROUTERS = ("mlp.gate", "mlp.shared_expert_gate")
 # A Qwen2-MoE shared expert's GGUF tensors; the routed experts' are merged per layer.

@@ -107,11 +107,12 @@ def test_a_gpt_oss_gguf_with_mxfp4_experts_gives_transformers_tokens(tmp_path, d
     assert e.value.param == "quantization" and "quantization 'gguf' serves" in str(e.value)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "phi3", "gemma3_text", "qwen2_moe"])
+@pytest.mark.parametrize("model_type", ["qwen3", "phi3", "gemma3_text", "qwen2_moe", "mixtral"])
 def test_quantization_gguf_computes_on_the_files_blocks(model_type, written):
     """Qwen3's q and k rows are not interleaved as Llama's are, Phi-3's projections come
     fused, Gemma 3's MLP is GELU, Qwen2-MoE's experts are merged per layer beside a shared
-    expert: each read from the blocks as the dequantized path reads them."""
+    expert, Mixtral's q and k are interleaved as a Llama's: each read from the blocks as the
+    dequantized path reads them."""
     _, gguf = written(model_type, "Q8_0")
     prompts = prompts_for(model_type)
     dense = LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization=None)

@@ -142,7 +142,8 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
 
 
 def _merge_experts(tensors: dict[str, torch.Tensor], layers: int, experts: int, block: str = "mlp",
-                   projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> dict[str, torch.Tensor]:
+                   projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+                   ) -> dict[str, torch.Tensor]:
     """Each layer's per-expert gate, up and down weights stacked into one [E, out, in]
     tensor apiece: llama.cpp's blk.<i>.ffn_{gate,up,down}_exps."""
     out = {k: v for k, v in tensors.items() if f".{block}.experts." not in k}
