@@ -74,8 +74,8 @@ class ArchSpec:
 
     @property
     def plain(self) -> bool:
-        """Llama's layer shape, the one the native fused layer runs."""
-        return self.norms == "pre" and self.qk_norm != "all" and self.moe is None and not self.sinks
+        """Llama's layer shape (its MLP dense or experts), the one the native fused layer runs."""
+        return self.norms == "pre" and self.qk_norm != "all" and not self.sinks and not self.late_cast
 
 
 def layer_windows(config, all_layers: bool = False) -> tuple[int, ...]:

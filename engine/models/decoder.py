@@ -59,11 +59,12 @@ class Flat:
     qk_norm: torch.Tensor | None  # [H + Hkv, D]: the q heads' norm weight, then the k heads'
     qk_eps: float
     o: Callable[[torch.Tensor], torch.Tensor]
-    gate_up: Callable[[torch.Tensor], torch.Tensor]
+    gate_up: Callable[[torch.Tensor], torch.Tensor] | None  # None on an expert layer
     glu: bool  # gate_up returns silu(gate) * up itself
     act: Callable[[torch.Tensor], torch.Tensor] | None  # None: the native silu-mul
     inter: int
-    down: Callable[[torch.Tensor], torch.Tensor]
+    down: Callable[[torch.Tensor], torch.Tensor] | None
+    experts: Callable[[torch.Tensor], torch.Tensor] | None  # an expert layer, all-reduced within
     heads: int
     kv_heads: int
     head_dim: int
@@ -112,6 +113,7 @@ class DecoderLayer(nn.Module):
         """Plain references to what forward_fused uses, taken once the weights are final
         (loaded, packed or quantized)."""
         attn, mlp = self.self_attn, self.mlp
+        moe = isinstance(mlp, SparseMoE)
         qk_norm = None
         if attn.qk_norm == "head":
             qk_norm = torch.cat([attn.q_norm.effective_weight().expand(attn.num_heads, -1),
@@ -120,9 +122,9 @@ class DecoderLayer(nn.Module):
             norm1=self.input_layernorm.effective_weight(), eps1=self.input_layernorm.eps,
             norm2=self.post_attention_layernorm.effective_weight(), eps2=self.post_attention_layernorm.eps,
             qkv=attn.qkv_proj.forward, qk_norm=qk_norm, qk_eps=attn.q_norm.eps if qk_norm is not None else 0.0,
-            o=attn.o_proj.forward, gate_up=mlp.gate_up_proj.forward, glu=mlp.glu,
-            act=None if mlp.act_name == "silu" else mlp.act, inter=mlp.inter,
-            down=mlp.down_proj.forward, heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
+            o=attn.o_proj.forward, gate_up=None if moe else mlp.gate_up_proj.forward, glu=not moe and mlp.glu,
+            act=None if moe or mlp.act_name == "silu" else mlp.act, inter=mlp.inter,
+            down=None if moe else mlp.down_proj.forward, experts=mlp.forward if moe else None, heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
             q_size=attn.q_size, v_at=attn.q_size + attn.kv_size, scale=attn.scale, window=attn.window,
             softcap=attn.softcap, residual_scale=self.spec.residual_scale,
             reduce=attn.tp.all_reduce if attn.tp.size > 1 else None)
@@ -161,6 +163,9 @@ class DecoderLayer(nn.Module):
         if f.residual_scale != 1.0:
             out = out * f.residual_scale
         x = cpu_kernels.add_rms_norm(out if f.reduce is None else f.reduce(out), residual, f.norm2, f.eps2)
+        if f.experts is not None:
+            out = f.experts(x)
+            return residual, (out * f.residual_scale if f.residual_scale != 1.0 else out)
         up = f.gate_up(x)
         if f.glu:
             out = f.down(up)
