@@ -7,9 +7,9 @@ mix of Q4_K and Q6_K) or written as Q8_0 directly. Nothing is downloaded.
     python scripts/shape_gguf.py qwen3-moe-1.2b Q4_K_M /tmp/moe-q4km.gguf
     python scripts/shape_gguf.py qwen3-0.6b Q8_0 /tmp/q06-q8.gguf
 
-The tokenizer is byte-level BPE padded with user-defined tokens to the shape's vocabulary;
-benchmarks feed token ids. Weights are N(0, 0.02) and norms 1, so routers spread tokens
-over the experts about evenly.
+The tokenizer is the tests' byte-level BPE (tests/support/gguf_files.py) padded with
+user-defined tokens to the shape's vocabulary; benchmarks feed token ids. Weights are
+N(0, 0.02) and norms 1, so routers spread tokens over the experts about evenly.
 """
 
 from __future__ import annotations
@@ -22,27 +22,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model_shapes import SHAPES  # noqa: E402
+from tests.support.gguf_files import byte_tokenizer  # noqa: E402  (the tests' GGUF tokenizer, padded)
 
 ROOT = Path(__file__).resolve().parent.parent
 QUANTIZE = ROOT / ".peers/llama.cpp/build/bin/llama-quantize"
-
-
-def _tokenizer(writer, vocab: int) -> None:
-    import gguf
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    chars = list(bytes_to_unicode().values()) + ["\u0120\u0120"]  # and the one merge's product
-    tokens = ["<unk>", "<s>", "</s>"] + chars + [f"<extra_{i}>" for i in range(vocab - 3 - len(chars))]
-    types = [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * len(chars) \
-        + [gguf.TokenType.USER_DEFINED] * (vocab - 3 - len(chars))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(["\u0120 \u0120"])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
 
 
 def write(shape: str, out: Path, qtype: str = "F16") -> Path:
@@ -70,7 +55,7 @@ def write(shape: str, out: Path, qtype: str = "F16") -> Path:
         writer.add_expert_count(s["num_experts"])
         writer.add_expert_used_count(s["num_experts_per_tok"])
         writer.add_expert_feed_forward_length(s["moe_intermediate_size"])
-    _tokenizer(writer, s["vocab_size"])
+    byte_tokenizer(writer, vocab=s["vocab_size"])
     rng = np.random.default_rng(0)
     kind = getattr(gguf.GGMLQuantizationType, qtype)
 

@@ -17,18 +17,24 @@ GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3_tex
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
+# Where each MoE config keeps its expert count and expert size.
+EXPERT_KEYS = {"qwen2_moe": ("num_experts", "moe_intermediate_size"),
+               "qwen3_moe": ("num_experts", "moe_intermediate_size"),
+               "gpt_oss": ("num_local_experts", "intermediate_size"),
+               "mixtral": ("num_local_experts", "intermediate_size")}
 
 
-def _byte_tokenizer(writer, specials: tuple[str, ...] = ()) -> None:
+def byte_tokenizer(writer, specials: tuple[str, ...] = (), vocab: int = VOCAB) -> None:
     """A small byte-level tokenizer: a GGUF's tokenizer is parsed every time the file is
     read, and a real 49k-token one made each read of these files take five seconds.
-    `specials` are control tokens after the bytes (a chat format's tags)."""
+    `specials` are control tokens after the bytes (a chat format's tags); user-defined
+    tokens fill the rest of `vocab` (scripts/shape_gguf.py pads to a real vocabulary)."""
     import gguf
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     chars = list(bytes_to_unicode().values())
     words = chars + ["\u0120\u0120"]  # and one merge, of two spaces: the reader needs some
-    extra = VOCAB - 3 - len(words) - len(specials)
+    extra = vocab - 3 - len(words) - len(specials)
     tokens = ["<unk>", "<s>", "</s>"] + words + list(specials) + [f"<extra_{i}>" for i in range(extra)]
     types = [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * len(words) \
         + [gguf.TokenType.CONTROL] * len(specials) + [gguf.TokenType.USER_DEFINED] * extra
@@ -77,17 +83,15 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
     tensors = load_file(hf_dir / "model.safetensors")
+    if config.model_type in EXPERT_KEYS:  # the expert count and size under each config's own keys
+        count, size = (getattr(config, key) for key in EXPERT_KEYS[config.model_type])
+        writer.add_expert_count(count)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(size)
+    if config.model_type == "qwen2_moe":
+        writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     if config.model_type in ("qwen2_moe", "qwen3_moe"):
-        writer.add_expert_count(config.num_experts)
-        writer.add_expert_used_count(config.num_experts_per_tok)
-        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
-        if config.model_type == "qwen2_moe":
-            writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
         tensors = _merge_experts(tensors, config.num_hidden_layers, config.num_experts)
-    if config.model_type in ("gpt_oss", "mixtral"):
-        writer.add_expert_count(config.num_local_experts)
-        writer.add_expert_used_count(config.num_experts_per_tok)
-        writer.add_expert_feed_forward_length(config.intermediate_size)
     if config.model_type == "gpt_oss":
         writer.add_sliding_window(config.sliding_window)
         if rope.get("rope_type") == "yarn":
@@ -108,7 +112,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
             tensors["rope_factors_long.weight"] = torch.tensor(rope["long_factor"], dtype=torch.float32)
             tensors["rope_factors_short.weight"] = torch.tensor(rope["short_factor"], dtype=torch.float32)
     assert config.vocab_size == VOCAB, "build the checkpoint with vocab_size=gguf_files.VOCAB"
-    _byte_tokenizer(writer, specials)
+    byte_tokenizer(writer, specials)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     names = gguf.get_tensor_name_map(arch, layers)
