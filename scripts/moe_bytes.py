@@ -17,13 +17,15 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
 import torch.nn.functional as F
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.models import packed_linear  # noqa: E402
 from engine.models.layers.moe import SparseMoE  # noqa: E402
+from engine.models.packed_linear import PackedLinear  # noqa: E402
+from engine.models.quantize import QuantConcat, QuantLinear  # noqa: E402
 from kernels import quant  # noqa: E402
 
 
@@ -77,43 +79,35 @@ class Counter:
         self.calls += 1
 
 
+def gemm_bytes(mod) -> int:
+    """The bytes one GEMM's weight takes, as its kernel reads them."""
+    if isinstance(mod, QuantConcat):
+        return sum(gemm_bytes(p) for p in mod.parts)
+    if isinstance(mod, QuantLinear):
+        return mod.qweight.nbytes + (0 if mod.scales is None else mod.scales.nbytes)
+    if isinstance(mod, PackedLinear):
+        return (mod.panels if mod.panels is not None else mod.packed).nbytes
+    return mod.weight.nbytes  # nn.Linear, nn.Embedding
+
+
 def weight_bytes(model) -> tuple[int, int, int]:
     """(bytes of every GEMM weight outside the experts, of every expert, of the experts a
     token reads: top-k of each expert layer's) as the model holds them."""
-    expert_ids, experts, active = set(), 0, 0
-    for mod in model.modules():
-        if isinstance(mod, SparseMoE):
-            held = [t for pair in getattr(mod, "expert_modules", []) for m in pair for t in m.buffers()]
-            held += [p for p in (mod.experts_gate_up, mod.experts_down) if p is not None]
-            held += [t for gate_up, down in _packed_modules(mod) for t in (gate_up, down)]
-            size = sum(t.nbytes for t in held if t is not None and t.dim() >= 2)
-            expert_ids.update(id(t) for t in held if t is not None)
-            experts += size
-            active += size * mod.spec.top_k // mod.spec.experts
-    dense = 0
-    for name, mod in model.named_modules():  # weights only: parameters and quantized blocks, not the rotary tables
-        if name == "lm_head" and getattr(model, "head", None) is not None:
-            continue  # kept for loading; the packed or quantized `head` is what runs
-        held = list(mod.parameters(recurse=False))
-        held += [getattr(mod, "qweight", None)] if hasattr(mod, "qweight") else []
-        for t in held:
-            if t is not None and t.dim() >= 2 and id(t) not in expert_ids:
-                dense += t.nbytes
-        for name in ("panels", "packed"):
-            t = getattr(mod, name, None)
-            if isinstance(t, torch.Tensor) and id(t) not in expert_ids:
-                dense += t.nbytes
-    return dense, experts, active
-
-
-def _packed_modules(moe: SparseMoE):
-    """The packed tensors behind the expert layer's dense GEMMs (SparseMoE.pack)."""
-    for gate_up, down in moe.packed:
-        owners = [getattr(f, "__self__", None) for f in (gate_up, down)]
-        tensors = [getattr(o, "panels", None) if getattr(o, "panels", None) is not None else getattr(o, "packed", None)
-                   for o in owners]
-        if all(isinstance(t, torch.Tensor) and not hasattr(o, "qweight") for t, o in zip(tensors, owners)):
-            yield tensors
+    experts = active = 0
+    for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
+        if moe.packed:  # each expert's two GEMMs, packed or quantized (their callables' owners)
+            size = sum(gemm_bytes(call.__self__) for pair in moe.packed for call in pair)
+        else:
+            size = moe.experts_gate_up.nbytes + moe.experts_down.nbytes
+        experts += size
+        active += size * moe.spec.top_k // moe.spec.experts
+    dense: dict[int, int] = {}  # by module: a tied head and embedding share one table
+    for name, mod in model.named_modules():
+        if ".expert_modules." in name or (name == "lm_head" and hasattr(model, "head")):
+            continue  # an expert's (counted above); the unpacked LM head kept for loading
+        if isinstance(mod, (QuantLinear, PackedLinear, nn.Linear, nn.Embedding)):
+            dense[id(mod)] = gemm_bytes(mod)
+    return sum(dense.values()), experts, active
 
 
 def main() -> None:
@@ -135,13 +129,14 @@ def main() -> None:
     while eng.has_unfinished():
         eng.step()
     dense, experts, active = weight_bytes(model)
-    # The embedding table is read one row a token (counted by the lookup), not whole.
-    embed = model.embed_tokens
-    table = getattr(getattr(embed, "table", None), "qweight", None)
-    table = table if table is not None else getattr(embed, "weight", None)
-    tied = model.tie
-    row = table.nbytes // table.shape[0]
-    expected = dense - (0 if tied else table.nbytes) + active + row
+    # The embedding table is read one row a token (counted by the lookup), not whole, unless
+    # it is also the head: quantized and tied, or unpacked and tied.
+    table = getattr(model.embed_tokens, "table", model.embed_tokens)
+    head = getattr(model, "head", None)
+    shared = head is table or (head is None and model.tie)
+    table_bytes = gemm_bytes(table)
+    row = table_bytes // (table.qweight if hasattr(table, "qweight") else table.weight).shape[0]
+    expected = dense - (0 if shared else table_bytes) + active + row
     mib = 1 / 2**20
     print(f"model: {args.model}, quantization {args.quantization}, dtype {args.dtype}")
     print(f"weights held: {(dense + experts) * mib:.1f} MiB ({experts * mib:.1f} MiB of experts)")

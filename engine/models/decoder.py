@@ -124,7 +124,8 @@ class DecoderLayer(nn.Module):
             qkv=attn.qkv_proj.forward, qk_norm=qk_norm, qk_eps=attn.q_norm.eps if qk_norm is not None else 0.0,
             o=attn.o_proj.forward, gate_up=None if moe else mlp.gate_up_proj.forward, glu=not moe and mlp.glu,
             act=None if moe or mlp.act_name == "silu" else mlp.act, inter=mlp.inter,
-            down=None if moe else mlp.down_proj.forward, experts=mlp.forward if moe else None, heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
+            down=None if moe else mlp.down_proj.forward, experts=mlp.forward if moe else None,
+            heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
             q_size=attn.q_size, v_at=attn.q_size + attn.kv_size, scale=attn.scale, window=attn.window,
             softcap=attn.softcap, residual_scale=self.spec.residual_scale,
             reduce=attn.tp.all_reduce if attn.tp.size > 1 else None)

@@ -70,8 +70,8 @@ class QuantLinear(nn.Module):
 
 class QuantConcat(nn.Module):
     """A fused projection whose GGUF parts hold different block types (Q4_K_M files keep
-    attn_v, and at times ffn_down or an expert's up, in Q6_K beside Q4_K): each part on
-    its own blocks, their outputs side by side, as the fused weight would give them."""
+    attn_v in Q6_K beside a Q4_K attn_q and attn_k): each part on its own blocks, their
+    outputs side by side, as the fused weight would give them."""
 
     def __init__(self, parts: list[QuantLinear]) -> None:
         super().__init__()

@@ -178,15 +178,13 @@ def _load_stacked(model: DecoderForCausalLM, parts: list[str], src, pairs: dict[
         if len(got) < 2:
             return []
         del pairs[f"{prefix}.experts.{base}"]
-        blocks, scales = got["blocks"], got["scales"]
-        _check_experts(moe, blocks, name)
-        expert = lambda e: mxfp4.dequantize(_row(blocks, e), _row(scales, e), f"{prefix}.experts.{base}")  # noqa: E731
+        src, scales = got["blocks"], got["scales"]
+        expert = lambda e: mxfp4.dequantize(_row(src, e), _row(scales, e), f"{prefix}.experts.{base}")  # noqa: E731
     elif model.interleaved_experts and leaf in STACKED[::2]:  # gpt-oss's x @ W: a Linear's weight transposed
-        _check_experts(moe, src, name)
         expert = lambda e: _row(src, e).t()  # noqa: E731
     else:
-        _check_experts(moe, src, name)
         expert = lambda e: _row(src, e)  # noqa: E731
+    _check_experts(moe, src, name)
     lo, hi = moe.inter_range
     keys = []
     for e in range(moe.spec.experts):
@@ -200,8 +198,8 @@ def _load_stacked(model: DecoderForCausalLM, parts: list[str], src, pairs: dict[
             _copy(dest[e], torch.cat((gate[lo:hi], up[lo:hi])), name)
             keys += [f"{prefix}.experts_gate_up_bias"] if leaf.endswith("bias") else \
                 [f"{prefix}.experts_gate_up#{e}.0", f"{prefix}.experts_gate_up#{e}.1"]
-        elif leaf.endswith("bias"):  # added once, after the ranks' sum
-            _copy(moe.experts_down_bias[e], w if model.dist.tp.rank == 0 else torch.zeros_like(w), name)
+        elif leaf.endswith("bias"):  # row-parallel: added once, after the ranks' sum
+            _copy(moe.experts_down_bias[e], _bias(model, w), name)
             keys.append(f"{prefix}.experts_down_bias")
         else:
             _copy(moe.experts_down[e], w[:, lo:hi], name)

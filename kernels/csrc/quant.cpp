@@ -6,7 +6,7 @@
 //   stream through registers, panel of four output channels by panel, each row's sums
 //   scaled after the block (one row) or the block expanded once for a group of rows;
 //   past one group, Q4 panels keep their expanded weights in L1 for the other rows.
-//   The K-quants expand each superblock into an L1 buffer that the rows FMA over.
+//   The K-quants turn each sub-block's quants into floats in registers, as the rest do.
 // - Otherwise (prefill, large batches, the portable build): qgemm.cpp's many-rows kernel.
 #include <torch/library.h>
 #include "aten.h"
@@ -201,7 +201,7 @@ void few_rows_all(const float* xp, const float* xsum, int64_t M, int64_t N, int6
 inline __m256 u8_lo8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 inline __m256 i8_lo8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 
-// sum over 32 weights of q * x, q given as 32 bytes (unsigned for Q4_K, signed for Q6_K)
+// 32 quants given as bytes (unsigned for Q4_K, signed for Q6_K) as four 8-float vectors
 template <bool SIGNED>
 inline void quants32(__m256i v, __m256* q) {
   const __m128i a = _mm256_castsi256_si128(v), b = _mm256_extracti128_si256(v, 1);
@@ -369,10 +369,8 @@ at::Tensor qlinear(const at::Tensor& x_in, const at::Tensor& w, const c10::optio
         xsum[r * nb + b] = s;
       }
     switch (qtype) {
-      case Q4_K: few_rows_k_all<Q4_K>(xp, xsum.data(), M, N, K, wp, rb, yp); return y;
-      case Q6_K: few_rows_k_all<Q6_K>(xp, xsum.data(), M, N, K, wp, rb, yp); return y;
-    }
-    switch (qtype) {
+      case Q4_K: few_rows_k_all<Q4_K>(xp, xsum.data(), M, N, K, wp, rb, yp); break;
+      case Q6_K: few_rows_k_all<Q6_K>(xp, xsum.data(), M, N, K, wp, rb, yp); break;
       case Q8_0: few_rows_all<Q8_0>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;
       case Q4_0: few_rows_all<Q4_0>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;
       case Q4_1: few_rows_all<Q4_1>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;

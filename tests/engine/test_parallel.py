@@ -3,9 +3,9 @@
 Tensor parallelism splits heads, so it runs on a tiny random model with the embedded
 model's head layout (9 query heads over 3 KV heads: an uneven split at tp=2), one with 4 KV
 heads, and one with a single KV head (replicated on both ranks); the README's snippet runs
-the embedded model itself at tp=2 (tests/engine/test_readme.py). Pipeline parallelism splits
-layers, whatever the heads, so the uneven model covers it (the kv4 model's pipeline runs below, under preemption and
-in-flight aborts). Greedy output is compared to tp=1 on 8 prompts of 12 to 40 tokens; the
+the embedded model itself at tp=2 (tests/engine/test_readme.py). Pipeline parallelism
+splits layers, whatever the heads, so the uneven model covers it (the kv4 model's pipeline
+runs below, under preemption and in-flight aborts). Greedy output is compared to tp=1 on 8 prompts of 12 to 40 tokens; the
 last position's logits must agree to 1e-4 relative.
 """
 

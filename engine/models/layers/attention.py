@@ -57,8 +57,8 @@ class Attention(nn.Module):
             q_dim, k_dim = (self.head_dim, self.head_dim) if spec.qk_norm == "head" else (self.q_size, self.kv_size)
             self.q_norm = RMSNorm(q_dim, eps, spec.norm_offset, spec.late_cast)
             self.k_norm = RMSNorm(k_dim, eps, spec.norm_offset, spec.late_cast)
-        if spec.sinks:  # this rank's heads' sink logits (engine/models/weights.py slices them)
-            self.sinks = nn.Parameter(torch.empty(self.num_heads))
+        # this rank's heads' sink logits (engine/models/weights.py slices them), where the architecture has them
+        self.sinks = nn.Parameter(torch.empty(self.num_heads)) if spec.sinks else None
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [n, H, D], k and v [n, Hkv, D], normed where the architecture norms them, not rotated."""
@@ -80,6 +80,6 @@ class Attention(nn.Module):
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k_cache, v_cache = kv_cache
         meta.backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        sinks = self.sinks.float() if hasattr(self, "sinks") else None
+        sinks = self.sinks.float() if self.sinks is not None else None
         out = meta.backend.attention(q, k_cache, v_cache, meta, self.scale, self.window, self.softcap, sinks)
         return self.tp.all_reduce(self.o_proj(out.view(n, self.q_size)))
