@@ -1,6 +1,7 @@
 """The quantized GEMM kernels (kernels/csrc/quant.cpp, qgemm.cpp) alone, against the
 fp32 GEMM the engine uses otherwise (oneDNN, prepacked weights), on the embedded model's
-shapes.
+shapes, or with `--shape` a benchmark shape's (scripts/model_shapes.py; its K are whole
+256-weight superblocks, so the K-quants run there too).
 
 For each row count M it reports milliseconds per pass over all of one layer's GEMMs plus
 the head, the weight bytes read per second, and the ratio to fp32 in the same run; with
@@ -11,6 +12,7 @@ qgemm.cpp's), whose crossover sets quant.cpp's few_rows_kernel.
     python scripts/bench_quant.py --rows 1,2,4,16,64,256 --types Q4_1,Q8_0,int8
     python scripts/bench_quant.py --rows 8,12,16,24,32,48,64 --both
     python scripts/bench_quant.py --rss
+    python scripts/bench_quant.py --shape qwen3-0.6b --rows 1 --types Q4_K,Q6_K,Q8_0,Q4_0
 
 `--rss` instead loads the embedded model with each setting (null, gguf, int8) in a fresh
 process and reports its resident memory after loading, beside the weight bytes the
@@ -49,6 +51,16 @@ def blocks(qtype: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tens
     return raw.reshape(n, quant.row_bytes(qtype, k)), None
 
 
+def shape_gemms(name: str) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """(N, K) of a dense benchmark shape's layer GEMMs (qkv, o, gate_up, down) and its head."""
+    from model_shapes import SHAPES  # scripts/ is on sys.path when run as a script
+
+    s = SHAPES[name]
+    h, q, kv = s["hidden_size"], s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
+    inter = s["intermediate_size"]
+    return [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)], (s["vocab_size"], h)
+
+
 def best_ms(fn, repeats: int) -> float:
     return best(fn, repeats) * 1e3
 
@@ -78,11 +90,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--both", action="store_true", help="also each kernel forced at every row count")
     ap.add_argument("--rss", action="store_true", help="resident memory after loading, per setting")
+    ap.add_argument("--shape", help="a dense shape of scripts/model_shapes.py instead of the embedded model's")
     args = ap.parse_args()
     if args.rss:
         return rss()
     gen = torch.Generator().manual_seed(0)
-    shapes = LAYER + [HEAD]
+    layer, head = shape_gemms(args.shape) if args.shape else (LAYER, HEAD)
+    shapes = layer + [head]
     dense = [packed_linear.PackedLinear(torch.randn(n, k, generator=gen), None) for n, k in shapes]
     fp32_bytes = sum(n * k * 4 for n, k in shapes)
     quants = {name: [blocks(NAMES[name], n, k, gen) for n, k in shapes] for name in args.types.split(",")}
