@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from tests.support.kernel_checks import Paged, check, nan_like# sets TRITON_INTERPRET before triton loads
+from tests.support.kernel_checks import DEVICE, Paged, check, nan_like  # sets TRITON_INTERPRET before triton loads
 from kernels import cpu, reference, triton_attention
 
 
@@ -89,6 +89,9 @@ def test_triton_kernels_honour_window_and_cap(case) -> None:
     dtype = torch.float32
     paged, query, qsl, scale, expected, sink = setup(dtype, window, softcap, "long", block_size=8, seed=1,
                                                      sinks=sinks)
+    # On the device with KERNELS_NATIVE=1 (scripts/gpu_check.sh), in the interpreter otherwise.
+    paged, query, qsl = paged.to(DEVICE), query.to(DEVICE), qsl.to(DEVICE)
+    sink = None if sink is None else sink.to(DEVICE)
     out = triton_attention.paged_attention_prefill(query, paged.k_nan, paged.v_nan, paged.block_tables, qsl,
                                                    paged.seq_lens, scale, window, softcap, sink, out=nan_like(query),
                                                    block_m=32, block_n=16)
@@ -99,4 +102,4 @@ def test_triton_kernels_honour_window_and_cap(case) -> None:
         dec = triton_attention.paged_attention_decode(query[last], paged.k_nan, paged.v_nan, paged.block_tables,
                                                       paged.seq_lens, scale, window, softcap, sink,
                                                       out=nan_like(query[last]), num_splits=splits, block_n=16)
-        check(dec, expected[last], dtype, f"triton decode, {splits} splits")
+        check(dec, expected[last.cpu()], dtype, f"triton decode, {splits} splits")
