@@ -116,6 +116,11 @@ class EngineConfig(BaseModel):
     # file's blocks, "int8" quantizes any checkpoint per output channel at load, "auto" is
     # "gguf" where that loses nothing (quantize.auto) and the dense weights elsewhere.
     quantization: Literal["auto", "gguf", "int8"] | None = None
+    # With quantized weights, decode steps round each GEMM's activations to int8 per 32
+    # values (as llama.cpp's and vLLM's GGUF kernels do) and take the products on integers:
+    # faster batch-1 decode, each output off the exact one by at most half an int8 step of
+    # its activations (kernels/csrc/quant_a8.cpp). Prefill and large batches stay exact.
+    int8_activations: bool = False
     speculative_config: SpeculativeConfig | None = None
     # Structured outputs compile on a thread beside the core; a constraint that has not
     # compiled in this many seconds fails its request (400) and is refused at once after.
@@ -129,6 +134,9 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "EngineConfig":
+        if self.int8_activations and self.quantization is None:
+            raise ParamError("int8_activations", "int8_activations rounds the activations of quantized GEMMs: "
+                             "it needs quantization 'gguf', 'int8' or 'auto'")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "

@@ -218,7 +218,7 @@ def create_executor(config: EngineConfig, placement: Placement, files: loader.Mo
     if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
         model = loader.build_model(None if dummy else files, hf_config, placement.dtype, placement.device,
                                    max_positions=placement.max_positions, dummy=dummy, seed=config.seed, fused=fused,
-                                   quantization=config.quantization)
+                                   quantization=config.quantization, int8_activations=config.int8_activations)
         sizes = cuda_graphs.wanted(config, placement.device, backend, model)
         # the graphs' pool is set aside before the KV pool takes what is free
         reserve = cuda_graphs.pool_bytes(hf_config, sizes[-1], placement.dtype) if sizes else 0

@@ -44,11 +44,13 @@ KERNELS = {"auto": 0, "few": 1, "many": 2}
 
 
 def qlinear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, qtype: int, k: int,
-            kernel: str = "auto") -> torch.Tensor:
+            kernel: str = "auto", int8_activations: bool = False) -> torch.Tensor:
     """x [M, K] fp32 times the quantized W [N, K] transposed (module-level so profilers can
     wrap it). `kernel` forces quant.cpp's few-rows kernel or qgemm.cpp's many-rows one,
-    which "auto" picks between by row count."""
-    return cpu.op("qlinear")(x, w, scales, qtype, k, KERNELS[kernel])
+    which "auto" picks between by row count. With `int8_activations` the few-rows kernel
+    rounds x to int8 per 32 values first (quant_a8.cpp; a8_reference is its product);
+    the many-rows kernel keeps x in fp32 either way."""
+    return cpu.op("qlinear")(x, w, scales, qtype, k, KERNELS[kernel], int8_activations)
 
 
 def few_rows_available(qtype: int, k: int) -> bool:
@@ -116,6 +118,36 @@ def dequantize(w: torch.Tensor, scales: torch.Tensor | None, qtype: int, k: int)
     else:
         vals = _q6_k(b)
     return vals.reshape(n, k)
+
+
+def round_activations(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (K a multiple of 32) as the int8-activation kernel sees it: each 32 values
+    q * d with d = max|x| / 127 and q = round(x * 127 / max|x|), in fp32 as the kernel
+    computes them (a group of zeros stays zeros)."""
+    g = x.float().reshape(x.shape[0], -1, 32)
+    top = g.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(top > 0, 127 / top, torch.zeros_like(top))
+    return (torch.round(g * inv) * (top / 127)).reshape(x.shape)
+
+
+def _offsets(w: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    """The part of each weight that does not scale its quant (Q4_0's -8d, Q4_1's m, Q4_K's
+    -dmin * min; zero for the signed types): the blocks with their quants zeroed."""
+    cleared = {Q4_0: (2, 18), Q4_1: (4, 20), Q4_K: (16, 144)}.get(qtype)
+    if cleared is None:
+        return torch.zeros(w.shape[0], k)
+    f = FORMATS[qtype]
+    b = w.view(torch.uint8).reshape(-1, f.bytes).clone()
+    b[:, cleared[0]:cleared[1]] = 0
+    return dequantize(b.reshape(w.shape), None, qtype, k)
+
+
+def a8_reference(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, qtype: int, k: int
+                 ) -> torch.Tensor:
+    """The product the int8-activation kernel computes, in float64: the rounded activations
+    times the quants' scaled part of each weight, plus the exact x times the offsets."""
+    dense, offsets = dequantize(w, scales, qtype, k).double(), _offsets(w, qtype, k).double()
+    return round_activations(x).double() @ (dense - offsets).T + x.double() @ offsets.T
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

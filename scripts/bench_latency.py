@@ -144,8 +144,9 @@ def one_side(args, prompt: list[int]) -> None:
     """One engine (fp, `--one gguf|int8`, or `--spec` one speculative_config) in this process:
     warm, measure, print JSON."""
     spec = json.loads(args.spec) if args.spec else None
-    llm = LLM(args.model, dtype=args.dtype, quantization=args.one or None, enable_prefix_caching=False,
-              max_model_len=2048, speculative_config=spec)
+    mode, a8 = args.one.removesuffix("-a8"), args.one.endswith("-a8")  # gguf-a8: gguf with int8 activations
+    llm = LLM(args.model, dtype=args.dtype, quantization=mode or None, int8_activations=a8,
+              enable_prefix_caching=False, max_model_len=2048, speculative_config=spec)
     ours(llm, prompt[:32], 4)
     if args.workload == "random":
         runs = []
@@ -172,7 +173,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=500)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--quantization", default="", help="comma list of gguf,int8: also run these")
+    ap.add_argument("--quantization", default="", help="comma list of gguf,int8 (an -a8 suffix adds "
+                    "int8_activations: gguf-a8): also run these")
     ap.add_argument("--no-hf", action="store_true", help="leave transformers out")
     ap.add_argument("--peer", choices=["llama"], help="also llama-server on the same GGUF")
     ap.add_argument("--profile", action="store_true", help="per-step breakdown of each engine's decode")

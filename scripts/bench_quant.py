@@ -90,6 +90,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--both", action="store_true", help="also each kernel forced at every row count")
     ap.add_argument("--rss", action="store_true", help="resident memory after loading, per setting")
+    ap.add_argument("--a8", action="store_true", help="also each type with int8 activations (decode rows)")
     ap.add_argument("--shape", help="a dense shape of scripts/model_shapes.py instead of the embedded model's")
     args = ap.parse_args()
     if args.rss:
@@ -102,7 +103,7 @@ def main() -> None:
     quants = {name: [blocks(NAMES[name], n, k, gen) for n, k in shapes] for name in args.types.split(",")}
     kernels = ["auto"] + (["few", "many"] if args.both else [])
     print(f"{'rows':>5} {'format':>6} {'ms':>8} {'GB/s':>7} {'GFLOP/s':>8} {'vs fp32':>8}"
-          + "".join(f" {k + ' ms':>8}" for k in kernels[1:]))
+          + "".join(f" {k + ' ms':>8}" for k in kernels[1:]) + (f" {'a8 ms':>8} {'a8 GB/s':>8}" if args.a8 else ""))
     for m in map(int, args.rows.split(",")):
         xs = {k: torch.randn(m, k, generator=gen) for k in {k for _, k in shapes}}
         flops = sum(2 * m * n * k for n, k in shapes)
@@ -111,14 +112,18 @@ def main() -> None:
         for name, ws in quants.items():
             qtype = NAMES[name]
 
-            def run(kernel: str) -> None:
+            def run(kernel: str, a8: bool = False) -> None:
                 for (n, k), (w, s) in zip(shapes, ws):
-                    quant.qlinear(xs[k], w, s, qtype, k, kernel=kernel)
+                    quant.qlinear(xs[k], w, s, qtype, k, kernel=kernel, int8_activations=a8)
 
             ms = [best_ms(lambda: run(kernel), args.repeats) for kernel in kernels]
             nbytes = sum(w.numel() for w, _ in ws)
+            a8 = ""
+            if args.a8:
+                a8_ms = best_ms(lambda: run("auto", True), args.repeats)
+                a8 = f" {a8_ms:8.3f} {nbytes / a8_ms / 1e6:8.1f}"
             print(f"{m:>5} {name:>6} {ms[0]:8.3f} {nbytes / ms[0] / 1e6:7.1f} {flops / ms[0] / 1e6:8.1f}"
-                  f" {fp_ms / ms[0]:8.2f}" + "".join(f" {t:8.3f}" for t in ms[1:]))
+                  f" {fp_ms / ms[0]:8.2f}" + "".join(f" {t:8.3f}" for t in ms[1:]) + a8)
 
 
 if __name__ == "__main__":

@@ -41,9 +41,9 @@ class Counter:
     def __enter__(self) -> Counter:
         q, rows, lin, panel, flin, emb = self.saved
 
-        def qlinear(x, w, scales, qtype, k, kernel="auto"):
+        def qlinear(x, w, scales, qtype, k, kernel="auto", int8_activations=False):
             self._add(w.nbytes + (0 if scales is None else scales.nbytes))
-            return q(x, w, scales, qtype, k, kernel)
+            return q(x, w, scales, qtype, k, kernel, int8_activations)
 
         def dequant_rows(w, scales, ids, qtype, k):
             self._add(ids.numel() * w.shape[1] + (0 if scales is None else ids.numel() * 4))

@@ -283,12 +283,14 @@ def build_model(
     fused: bool = False,
     dist: parallel.Dist | None = None,
     quantization: str | None = None,
+    int8_activations: bool = False,
 ) -> DecoderForCausalLM:
     """Instantiate our model and fill it: from the checkpoint, or randomly for `dummy`.
 
     `fused` (CPU, with the native kernels built) swaps eager elementwise chains for fused ops.
     `quantization` (engine/models/quantize.py) then swaps every GEMM weight and the
-    embedding for quantized ones, releasing the fp32 tensors."""
+    embedding for quantized ones, releasing the fp32 tensors; `int8_activations` has their
+    decode GEMMs round activations to int8."""
     import torch
 
     from engine import scoring
@@ -320,7 +322,7 @@ def build_model(
     if quantization is not None:
         from engine.models import quantize
 
-        quantize.apply(model, quantization, files.source if files is not None else "", config)
+        quantize.apply(model, quantization, files.source if files is not None else "", config, int8_activations)
     elif packed_linear.supported(device, dtype):
         model.pack_linears()
     if fused and device.type == "cpu":

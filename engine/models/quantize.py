@@ -52,20 +52,30 @@ class QuantLinear(nn.Module):
         self.register_buffer("qweight", qweight.contiguous())
         self.register_buffer("scales", None if scales is None else scales.float().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+        self.int8_activations = False
+        self._plain()
+
+    def _plain(self) -> None:
         # The buffers again as a plain tuple: a decode step makes 121 of these calls, and each
         # buffer read through nn.Module's __getattr__ costs about a microsecond.
-        self.plain = (self.qweight, self.scales, self.qtype, self.in_features, self.bias)
+        self.plain = (self.qweight, self.scales, self.qtype, self.in_features, self.bias, self.int8_activations)
+
+    def use_int8_activations(self) -> None:
+        """Decode rows' activations rounded to int8 per 32 values (kernels/csrc/quant_a8.cpp)."""
+        self.int8_activations = True
+        self._plain()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, scales, qtype, k, bias = self.plain
-        y = quant.qlinear(x, w, scales, qtype, k)
+        w, scales, qtype, k, bias, a8 = self.plain
+        y = quant.qlinear(x, w, scales, qtype, k, "auto", a8)
         return y if bias is None else y.add_(bias)
 
     def dequantized(self) -> torch.Tensor:
         return quant.dequantize(self.qweight, self.scales, self.qtype, self.in_features)
 
     def extra_repr(self) -> str:
-        return f"{quant.FORMATS[self.qtype].name}, in={self.in_features}, out={self.out_features}"
+        a8 = ", int8 activations" if self.int8_activations else ""
+        return f"{quant.FORMATS[self.qtype].name}, in={self.in_features}, out={self.out_features}{a8}"
 
 
 class QuantConcat(nn.Module):
@@ -148,9 +158,10 @@ def check(mode: str | None, device: torch.device, dtype: torch.dtype, tp: int, p
                          "parallelism yet")
 
 
-def apply(model: Any, mode: str, source: str, config: Any) -> None:
+def apply(model: Any, mode: str, source: str, config: Any, int8_activations: bool = False) -> None:
     """Swap the model's fp32 GEMM weights and embedding for quantized ones, in place; the
-    fp32 tensors are released."""
+    fp32 tensors are released. `int8_activations`: every quantized GEMM (the experts' and
+    the head's included) rounds its decode rows' activations to int8."""
     from engine.models.layers.moe import SparseMoE
 
     tensors = _tensors(source) if mode == "gguf" else {}
@@ -172,6 +183,10 @@ def apply(model: Any, mode: str, source: str, config: Any) -> None:
     else:
         model.head = table
     model.embed_tokens = QuantEmbedding(table)
+    if int8_activations:
+        for mod in model.modules():  # the experts are modules of their layer too
+            if isinstance(mod, QuantLinear):
+                mod.use_int8_activations()
 
 
 def weight_bytes(model: nn.Module) -> int:

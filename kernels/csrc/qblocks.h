@@ -221,5 +221,12 @@ inline float vsum(vf v) { return hsum(v); }
 void many_rows(const float* x, int64_t M, int64_t N, int64_t K, const uint8_t* w, int64_t qtype,
                const float* scales, float* y);
 
+#ifdef PAGEDSERVE_AVX2
+// The same for a few rows with x rounded to int8 per 32 values (quant_a8.cpp); the types
+// and shapes of quant.cpp's few-rows kernel (few_rows_fit).
+void few_rows_a8(const float* x, int64_t M, int64_t N, int64_t K, const uint8_t* w, int64_t rb, int64_t qtype,
+                 const float* scales, float* y);
+#endif
+
 }  // namespace quant
 }  // namespace pagedserve

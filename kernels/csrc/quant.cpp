@@ -1,6 +1,7 @@
 // GEMMs on quantized weights, for the CPU: y[M, N] = x[M, K] . W[N, K]^T with W kept as
 // GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) or as int8 rows with one fp32 scale each.
-// Activations stay fp32 and so do the sums; the weights' values are exactly the blocks'.
+// Activations stay fp32 and so do the sums; the weights' values are exactly the blocks'
+// (quant_a8.cpp has the few-rows kernel again with activations rounded to int8).
 //
 // - Few rows (decode) with a 32-block type or int8 rows, AVX2 or AVX-512: the blocks
 //   stream through registers, panel of four output channels by panel, each row's sums
@@ -339,9 +340,10 @@ bool few_rows_kernel(int64_t qtype, int64_t M, int64_t K) {
 }
 
 // kernel: 0 picks by row count, 1 forces the few-rows kernel, 2 the many-rows one (tests
-// and bench_quant.py check each on every row count).
+// and bench_quant.py check each on every row count). int8_activations: the few-rows
+// kernel rounds x to int8 per 32 values (quant_a8.cpp); the many-rows one ignores it.
 at::Tensor qlinear(const at::Tensor& x_in, const at::Tensor& w, const c10::optional<at::Tensor>& scales,
-                   int64_t qtype, int64_t K, int64_t kernel) {
+                   int64_t qtype, int64_t K, int64_t kernel, bool int8_activations) {
   check_weights(w, qtype, K);
   TORCH_CHECK(kernel >= 0 && kernel <= 2, "kernel must be 0 (by rows), 1 (few rows) or 2 (many rows)");
   TORCH_CHECK(kernel != 1 || few_rows_fit(qtype, K), "the few-rows kernel needs AVX2 and Q4_0, Q4_1, Q8_0, "
@@ -360,6 +362,10 @@ at::Tensor qlinear(const at::Tensor& x_in, const at::Tensor& w, const c10::optio
   float* yp = y.data_ptr<float>();
 #ifdef PAGEDSERVE_AVX2
   if (kernel == 1 || (kernel == 0 && few_rows_kernel(qtype, M, K))) {
+    if (int8_activations) {
+      few_rows_a8(xp, M, N, K, wp, rb, qtype, sp, yp);
+      return y;
+    }
     const int64_t nb = K / 32;
     std::vector<float> xsum(M * nb);  // each row's sum over each 32 weights
     for (int64_t r = 0; r < M; ++r)
@@ -404,7 +410,8 @@ at::Tensor dequant_rows(const at::Tensor& w, const c10::optional<at::Tensor>& sc
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
-  m.def("qlinear(Tensor x, Tensor w, Tensor? scales, int qtype, int K, int kernel=0) -> Tensor");
+  m.def("qlinear(Tensor x, Tensor w, Tensor? scales, int qtype, int K, int kernel=0, bool int8_activations=False) "
+        "-> Tensor");
   m.def("dequant_rows(Tensor w, Tensor? scales, Tensor ids, int qtype, int K) -> Tensor");
   m.def("few_rows_fit(int qtype, int K) -> bool");
 }
