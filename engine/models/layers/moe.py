@@ -94,6 +94,28 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         experts, weights = self.route(x)
         n, k = experts.shape
+        if n == 1 and self.packed:
+            out = self._one_token(x, experts[0].tolist(), weights[0])
+        else:
+            out = self._grouped(x, experts, weights)
+        out = self.tp.all_reduce(out)
+        if self.spec.shared_inter:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+    def _one_token(self, x: torch.Tensor, experts: list[int], weights: torch.Tensor) -> torch.Tensor:
+        """A decode step of one sequence: its k experts in ascending order, each output
+        weighted and added as _grouped's index_add adds them (the same operations, so the
+        same bits), without the sort, the gather and the scatter that a batch needs."""
+        out = None
+        for j in sorted(range(len(experts)), key=experts.__getitem__):
+            gate_up, down = self.packed[experts[j]]
+            y = down(self.glu(gate_up(x))) * weights[j]
+            out = y if out is None else out.add_(y)
+        return out
+
+    def _grouped(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        n = experts.shape[0]
         out = torch.zeros_like(x)
         # (choice, token) order, grouped by expert with a stable sort: transformers' order. The
         # gather, the weighting and the sum run once over every (token, expert) pair; one
@@ -117,8 +139,4 @@ class SparseMoE(nn.Module):
                 ys[start:start + count] = F.linear(h, self.experts_down[e], self.expert_bias("down", e))
             start += count
         ys = ys * weights.t().reshape(-1)[order, None]
-        out.index_add_(0, tokens, ys.to(out.dtype))
-        out = self.tp.all_reduce(out)
-        if self.spec.shared_inter:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out
+        return out.index_add_(0, tokens, ys.to(out.dtype))
