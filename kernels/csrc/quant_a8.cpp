@@ -84,9 +84,15 @@ inline __m256i sums8(const __m256i* v) {
 template <int64_t BYTES>
 inline __m256 halves8(const uint8_t* blk, int at) {
   const uint8_t* p = blk + at;
+#if defined(__F16C__)
   return _mm256_cvtph_ps(_mm_setr_epi16(load_u16(p), load_u16(p + BYTES), load_u16(p + 2 * BYTES),
                                         load_u16(p + 3 * BYTES), load_u16(p + 4 * BYTES), load_u16(p + 5 * BYTES),
                                         load_u16(p + 6 * BYTES), load_u16(p + 7 * BYTES)));
+#else
+  float f[8];
+  for (int i = 0; i < 8; ++i) f[i] = half_to_float(load_u16(p + i * BYTES));
+  return _mm256_loadu_ps(f);
+#endif
 }
 
 // R rows against PANEL output channels of a 32-block type (or int8 rows, their scale
