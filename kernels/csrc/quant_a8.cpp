@@ -65,7 +65,9 @@ struct Rows {
   const float* d;
   const float* sum;
   int64_t K;
-  const int32_t* sum16;  // Q6_K only: each 16 quants' integer sum, [R, K / 16]
+  // Q6_K only: 32 times each 16 quants' integer sum, [R, K / 16], each superblock's
+  // sixteen in halves16's lane order (0, 2, 4, 6, 1, 3, 5, 7, then the same plus 8).
+  const int32_t* sum16;
 
   Rows from(int64_t r) const {  // the rows from row r on
     const int64_t nb = K / 32;
@@ -238,10 +240,9 @@ void panel256(const Rows& x, const uint8_t* w, int64_t rb, float* y, int64_t ldy
         } else {  // sixteen 16-weight sums, less 32 times x's quants' sums (the centring)
           __m256i lo, hi;
           halves16(isum, &lo, &hi);
-          const int32_t* bs = x.sum16 + r * 2 * nb32 + 16 * b;
-          const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-          lo = _mm256_sub_epi32(lo, _mm256_slli_epi32(_mm256_permutevar8x32_epi32(load32(bs), order), 5));
-          hi = _mm256_sub_epi32(hi, _mm256_slli_epi32(_mm256_permutevar8x32_epi32(load32(bs + 8), order), 5));
+          const int32_t* bs = x.sum16 + r * 2 * nb32 + 16 * b;  // already in halves16's order, times 32
+          lo = _mm256_sub_epi32(lo, load32(bs));
+          hi = _mm256_sub_epi32(hi, load32(bs + 8));
           const float* d = x.d + r * nb32 + 8 * b;  // sub-block j's activation scale, for both its halves
           const __m256 dlo = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(d));
           const __m256 dhi = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(d + 4));
@@ -323,6 +324,11 @@ void few_rows_a8(const float* xp, int64_t M, int64_t N, int64_t K, const uint8_t
   std::vector<int32_t> sum16(qtype == Q6_K ? 2 * M * nb : 0);
   for (int64_t i = 0; i < M * nb; ++i)
     round32(xp + 32 * i, q.data() + 32 * i, &d[i], &sum[i], sum16.empty() ? nullptr : sum16.data() + 2 * i);
+  for (int64_t g = 0; g < static_cast<int64_t>(sum16.size()); g += 8) {  // per 128 weights
+    int32_t* v = sum16.data() + g;
+    const int32_t t[8] = {v[0], v[2], v[4], v[6], v[1], v[3], v[5], v[7]};
+    for (int i = 0; i < 8; ++i) v[i] = 32 * t[i];
+  }
   const Rows x{q.data(), d.data(), sum.data(), K, sum16.empty() ? nullptr : sum16.data()};
   switch (qtype) {
     case Q4_K: all_panels<Q4_K>(x, M, N, wp, rb, sp, yp); break;
