@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import logging
 import time
 from collections import deque
 
@@ -43,6 +44,9 @@ class LLMEngine:
 
             if config.quantization == "auto":  # what it stands for here, for every layer below
                 config = config.model_copy(update={"quantization": quantize.auto(config)})
+                if config.int8_activations and config.quantization is None:
+                    logging.getLogger(__name__).info("int8_activations: quantization 'auto' chose the dense "
+                                                     "weights here, whose activations are not rounded")
             else:
                 quantize.preflight(str(config.model or loader.default_model_path()))
         self.config = config

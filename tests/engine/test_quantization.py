@@ -101,6 +101,17 @@ def test_int8_activations_need_quantized_weights():
     assert err.value.param == "int8_activations"
 
 
+def test_int8_activations_under_auto_on_dense_weights_is_said(tiny_model_factory, caplog):
+    """auto keeps a non-GGUF checkpoint dense; the setting then rounds nothing, and says so."""
+    import logging
+
+    model = str(tiny_model_factory("quant-tiny", tie_word_embeddings=False))
+    with caplog.at_level(logging.INFO, logger="engine.engine"):
+        llm = LLM(model, dtype="float32", quantization="auto", int8_activations=True, **KW)
+    assert llm.stats().quantization is None
+    assert "int8_activations" in caplog.text
+
+
 def perplexity(llm: LLM) -> float:
     ids = llm.tokenizer.encode(TEXT)[:500]
     out = llm.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
