@@ -119,7 +119,8 @@ class EngineConfig(BaseModel):
     # With quantized weights, decode steps round each GEMM's activations to int8 per 32
     # values (as llama.cpp's and vLLM's GGUF kernels do) and take the products on integers:
     # faster batch-1 decode, each output off the exact one by at most half an int8 step of
-    # its activations (kernels/csrc/quant_a8.cpp). Prefill and large batches stay exact.
+    # its activations (kernels/csrc/quant_a8.cpp). Steps of more rows than its few-rows
+    # kernel takes (32 with AVX-512, 4 to 16 by type with AVX2) stay exact.
     int8_activations: bool = False
     speculative_config: SpeculativeConfig | None = None
     # Structured outputs compile on a thread beside the core; a constraint that has not

@@ -321,8 +321,17 @@ bool few_rows_fit(int64_t qtype, int64_t K) {
 // streaming them again per group of rows stays cheap the longest.
 constexpr int64_t KQ_ROWS = 4;  // the K-quants expand each superblock again per pair of rows
 
-bool few_rows_kernel(int64_t qtype, int64_t M, int64_t K) {
+// With int8 activations (quant_a8.cpp) on AVX-512, up to this many rows stream: there
+// the integer kernel beat the many-rows one at 4 to 32 rows for every type (0.22-0.73x
+// its time at 6-32 rows; benchmarks/LOG.md, session 30). AVX2 builds keep the fp32
+// kernel's limits below, not measured for int8 activations.
+constexpr int64_t A8_ROWS = 32;
+
+bool few_rows_kernel(int64_t qtype, int64_t M, int64_t K, bool int8_activations) {
   if (!few_rows_fit(qtype, K)) return false;
+#if defined(__AVX512F__)
+  if (int8_activations) return M <= A8_ROWS;
+#endif
 #if defined(__AVX512F__)
   constexpr int64_t q4 = 16, q8 = 24, i8 = 64;  // four rows a group
 #else
@@ -361,7 +370,7 @@ at::Tensor qlinear(const at::Tensor& x_in, const at::Tensor& w, const c10::optio
   const float* sp = qtype == INT8_ROWS ? scales->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
 #ifdef PAGEDSERVE_AVX2
-  if (kernel == 1 || (kernel == 0 && few_rows_kernel(qtype, M, K))) {
+  if (kernel == 1 || (kernel == 0 && few_rows_kernel(qtype, M, K, int8_activations))) {
     if (int8_activations) {
       few_rows_a8(xp, M, N, K, wp, rb, qtype, sp, yp);
       return y;
