@@ -322,7 +322,7 @@ bool few_rows_fit(int64_t qtype, int64_t K) {
 constexpr int64_t KQ_ROWS = 4;  // the K-quants expand each superblock again per pair of rows
 
 // With int8 activations (quant_a8.cpp) on AVX-512, up to this many rows stream: there
-// the integer kernel beat the many-rows one at 4 to 32 rows for every type (0.22-0.73x
+// the integer kernel beat the many-rows one at 4 to 32 rows for every type (0.10-0.73x
 // its time at 6-32 rows; benchmarks/LOG.md, session 30). AVX2 builds keep the fp32
 // kernel's limits below, not measured for int8 activations.
 constexpr int64_t A8_ROWS = 32;
