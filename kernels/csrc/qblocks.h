@@ -13,6 +13,9 @@
 namespace pagedserve {
 namespace quant {
 
+// Output channels the few-rows kernels (quant.cpp, quant_a8.cpp) stream together.
+constexpr int64_t PANEL = 4;
+
 // GGML's type numbers for the block types, and ours for int8 rows.
 constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, INT8_ROWS = 1000;
 

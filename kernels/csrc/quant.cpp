@@ -23,7 +23,6 @@ namespace {
 
 using namespace quant;  // NOLINT: this file is the formats' few-rows kernel
 
-constexpr int64_t PANEL = 4;     // output channels streamed together
 // How far ahead of a block its row is fetched: a few KB, i.e. the next panels. Without it,
 // a decode step's four interleaved row streams per thread reached 10 GB/s of the
 // machine's 30 (bench_quant.py, the Q8_0 head).
@@ -322,8 +321,8 @@ bool few_rows_fit(int64_t qtype, int64_t K) {
 constexpr int64_t KQ_ROWS = 4;  // the K-quants expand each superblock again per pair of rows
 
 // With int8 activations (quant_a8.cpp) on AVX-512, up to this many rows stream: there
-// the integer kernel beat the many-rows one at 4 to 32 rows for every type (0.10-0.73x
-// its time at 6-32 rows; benchmarks/LOG.md, session 30). AVX2 builds keep the fp32
+// the integer kernel beat the many-rows one at 4 to 32 rows for every type (0.12-0.72x
+// its time; scripts/bench_quant.py --a8 --both, benchmarks/LOG.md, session 30). AVX2 builds keep the fp32
 // kernel's limits below, not measured for int8 activations.
 constexpr int64_t A8_ROWS = 32;
 

@@ -29,10 +29,10 @@ namespace quant {
 #ifdef PAGEDSERVE_AVX2
 namespace {
 
-constexpr int64_t PANEL = 4;       // output channels streamed together, as quant.cpp's
-// Each block is fetched one panel ahead: the same block of the next panel, PANEL rows on
-// (quant.cpp fetches a fixed 4 KB ahead, which for rows longer than 1 KB lands in the next
-// row of the same panel, already streaming, or further ahead than needed).
+// PANEL output channels stream together (qblocks.h). Each block is fetched one panel
+// ahead: the same block of the next panel, PANEL rows on (quant.cpp fetches a fixed 4 KB
+// ahead, which for rows longer than 1 KB lands in the next row of the same panel, already
+// streaming, or further ahead than needed).
 
 // 32 unsigned bytes times 32 signed ones, summed in fours: eight int32 partial sums. The
 // pairs' int16 sums cannot saturate: callers keep u <= 128 and |s| <= 127 (2 * 128 * 127).
