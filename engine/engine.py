@@ -48,7 +48,7 @@ class LLMEngine:
                     logging.getLogger(__name__).info("int8_activations: quantization 'auto' chose the dense "
                                                      "weights here, whose activations are not rounded")
             else:
-                quantize.preflight(str(config.model or loader.default_model_path()))
+                quantize.preflight(loader.named_file(config.model))
         self.config = config
         files = loader.resolve(config.model)
         hf_config = loader.load_config(files)

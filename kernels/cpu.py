@@ -27,8 +27,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp", CSRC / "quant.cpp", CSRC / "quant_a8.cpp",
-           CSRC / "qgemm.cpp", CSRC / "gemm.cpp", CSRC / "sample.cpp"]
+SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp", CSRC / "quant.cpp", CSRC / "quant_k.cpp",
+           CSRC / "quant_a8.cpp", CSRC / "qgemm.cpp", CSRC / "gemm.cpp", CSRC / "sample.cpp"]
 HEADERS = sorted(CSRC.glob("*.h"))  # every header: a list by hand missed prefill512.h
 _state: dict[str, object] = {}
 _ops: dict[str, object] = {}  # name -> op, once loaded (a decode step makes ~300 calls)

@@ -3,7 +3,10 @@ csrc/quant.cpp), and the calls into the native kernels.
 
 A quantized matrix is [N, row_bytes] bytes: each of its N output channels is one row of
 blocks along K, exactly as a GGUF file stores it, or, for "int8", K signed bytes with one
-fp32 scale per row (symmetric, per output channel).
+fp32 scale per row (symmetric, per output channel). The block types are those of the
+GGUF files people serve: Q4_K_M and Q5_K_M files (Q4_K, Q5_K, Q6_K, with Q5_0 and Q8_0
+where a row is not a multiple of 256, as in Gemma 3 270M and Qwen2.5 0.5B), the legacy
+Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 files, and gpt-oss's MXFP4 experts.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import torch
 from kernels import cpu
 
 # GGML's type numbers; INT8_ROWS is ours.
-Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, INT8_ROWS = 2, 3, 8, 12, 14, 1000
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, INT8_ROWS = 2, 3, 6, 7, 8, 12, 13, 14, 39, 1000
+# MXFP4's E2M1 values, doubled so that they are integers (its scale byte e then stands
+# for 2^(e - 128), half the format's 2^(e - 127)).
+MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 @dataclass(frozen=True)
@@ -29,8 +35,12 @@ FORMATS = {
     Q8_0: Format("Q8_0", 32, 34),
     Q4_0: Format("Q4_0", 32, 18),
     Q4_1: Format("Q4_1", 32, 20),
+    Q5_0: Format("Q5_0", 32, 22),
+    Q5_1: Format("Q5_1", 32, 24),
     Q4_K: Format("Q4_K", 256, 144),
+    Q5_K: Format("Q5_K", 256, 176),
     Q6_K: Format("Q6_K", 256, 210),
+    MXFP4: Format("MXFP4", 32, 17),
     INT8_ROWS: Format("int8", 1, 1),
 }
 
@@ -54,9 +64,9 @@ def qlinear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, qtype
 
 
 def few_rows_available(qtype: int, k: int) -> bool:
-    """Whether this build streams qtype's blocks in the few-rows kernel (AVX2 and FMA; Q4_0,
-    Q4_1, Q8_0, Q4_K, Q6_K, or int8 rows with K a multiple of 32). Where it does not, every
-    row count takes the many-rows kernel."""
+    """Whether this build streams qtype's blocks in the few-rows kernel (AVX2 and FMA; every
+    block type, and int8 rows with K a multiple of 32). Where it does not, every row count
+    takes the many-rows kernel."""
     return cpu.available() and bool(cpu.op("few_rows_fit")(qtype, k))
 
 
@@ -76,14 +86,48 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
     return torch.cat((qs & 0x0F, qs >> 4), dim=-1).float()
 
 
-def _q4_k(b: torch.Tensor) -> torch.Tensor:
+def _high_bits(qh: torch.Tensor) -> torch.Tensor:
+    """[..., 4] bytes -> [..., 32]: bit i of the little-endian 32-bit word, as 0 or 16."""
+    bits = (qh.long()[..., :, None] >> torch.arange(8)) & 1
+    return bits.flatten(-2).float() * 16
+
+
+def _q5(b: torch.Tensor, offset: int) -> torch.Tensor:
+    """Q5_0's and Q5_1's 5-bit quants: 4 low bits as Q4's nibbles, bit i of qh on weight i."""
+    return _nibbles(b[:, offset + 4:]) + _high_bits(b[:, offset:offset + 4])
+
+
+def _mxfp4(b: torch.Tensor) -> torch.Tensor:
+    lut = torch.tensor(MXFP4_VALUES, dtype=torch.float32)
+    half_scale = torch.ldexp(torch.ones(b.shape[0]), b[:, 0].long() - 128)  # 2^(e - 128), subnormal below -126
+    return half_scale[:, None] * lut[_nibbles(b[:, 1:]).long()]
+
+
+def _k_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's and Q5_K's eight sub-block scales and mins, d and dmin applied: [n, 8] each."""
     d, dmin = _f16(b[:, 0:2])[:, None], _f16(b[:, 2:4])[:, None]
     s = b[:, 4:16].long()
-    low = torch.cat((s[:, 0:4] & 63, (s[:, 8:12] & 0x0F) | ((s[:, 0:4] >> 6) << 4)), dim=1)  # 8 scales
+    low = torch.cat((s[:, 0:4] & 63, (s[:, 8:12] & 0x0F) | ((s[:, 0:4] >> 6) << 4)), dim=1)
     mins = torch.cat((s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)), dim=1)
+    return d * low.float(), dmin * mins.float()
+
+
+def _q4_k(b: torch.Tensor) -> torch.Tensor:
+    scale, mn = _k_scales(b)
     q = b[:, 16:].reshape(-1, 4, 32).long()
     vals = torch.stack((q & 0x0F, q >> 4), dim=2).reshape(-1, 8, 32).float()  # sub-block j = 2g + (high)
-    return (d * low.float())[:, :, None] * vals - (dmin * mins.float())[:, :, None]
+    return scale[:, :, None] * vals - mn[:, :, None]
+
+
+def _q5_k(b: torch.Tensor) -> torch.Tensor:
+    """Q4_K's layout with 32 bytes of fifth bits before the nibbles: bit j of qh[l] is the
+    fifth bit of sub-block j's weight l."""
+    scale, mn = _k_scales(b)
+    qh = b[:, 16:48].long()
+    q = b[:, 48:].reshape(-1, 4, 32).long()
+    vals = torch.stack((q & 0x0F, q >> 4), dim=2).reshape(-1, 8, 32)
+    vals = vals + ((qh[:, None, :] >> torch.arange(8)[:, None]) & 1) * 16
+    return scale[:, :, None] * vals.float() - mn[:, :, None]
 
 
 def _q6_k(b: torch.Tensor) -> torch.Tensor:
@@ -113,8 +157,16 @@ def dequantize(w: torch.Tensor, scales: torch.Tensor | None, qtype: int, k: int)
         vals = _f16(b[:, :2])[:, None] * (_nibbles(b[:, 2:]) - 8)
     elif qtype == Q4_1:
         vals = _f16(b[:, :2])[:, None] * _nibbles(b[:, 4:]) + _f16(b[:, 2:4])[:, None]
+    elif qtype == Q5_0:
+        vals = _f16(b[:, :2])[:, None] * (_q5(b, 2) - 16)
+    elif qtype == Q5_1:
+        vals = _f16(b[:, :2])[:, None] * _q5(b, 4) + _f16(b[:, 2:4])[:, None]
+    elif qtype == MXFP4:
+        vals = _mxfp4(b)
     elif qtype == Q4_K:
         vals = _q4_k(b)
+    elif qtype == Q5_K:
+        vals = _q5_k(b)
     else:
         vals = _q6_k(b)
     return vals.reshape(n, k)
@@ -131,9 +183,11 @@ def round_activations(x: torch.Tensor) -> torch.Tensor:
 
 
 def _offsets(w: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
-    """The part of each weight that does not scale its quant (Q4_0's -8d, Q4_1's m, Q4_K's
-    -dmin * min; zero for the signed types): the blocks with their quants zeroed."""
-    cleared = {Q4_0: (2, 18), Q4_1: (4, 20), Q4_K: (16, 144)}.get(qtype)
+    """The part of each weight that does not scale its quant (Q4_0's -8d, Q5_0's -16d, Q4_1's
+    and Q5_1's m, the K-quants' -dmin * min; zero for the signed types): the blocks with
+    their quants zeroed."""
+    cleared = {Q4_0: (2, 18), Q4_1: (4, 20), Q5_0: (2, 22), Q5_1: (4, 24), Q4_K: (16, 144),
+               Q5_K: (16, 176)}.get(qtype)
     if cleared is None:
         return torch.zeros(w.shape[0], k)
     f = FORMATS[qtype]

@@ -35,8 +35,7 @@ from kernels import quant
 # (N, K) of SmolLM2-135M's GEMMs: qkv, o, gate_up, down; the head separately.
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 HEAD = (49152, 576)
-NAMES = {"Q8_0": quant.Q8_0, "Q4_0": quant.Q4_0, "Q4_1": quant.Q4_1, "Q4_K": quant.Q4_K, "Q6_K": quant.Q6_K,
-         "int8": quant.INT8_ROWS}
+NAMES = {f.name: qtype for qtype, f in quant.FORMATS.items()}  # Q4_0 ... MXFP4, and "int8"
 
 
 def blocks(qtype: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -44,9 +43,12 @@ def blocks(qtype: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tens
         return quant.quantize_int8(torch.randn(n, k, generator=gen))
     f = quant.FORMATS[qtype]
     raw = torch.randint(0, 256, (n * (k // f.block), f.bytes), dtype=torch.uint8, generator=gen)
+    if qtype == quant.MXFP4:
+        raw[:, 0] = 120  # 2^-7
+        return raw.reshape(n, quant.row_bytes(qtype, k)), None
     at = 208 if qtype == quant.Q6_K else 0
     raw[:, at:at + 2] = torch.full((raw.shape[0],), 0.01, dtype=torch.float16).view(torch.uint8).reshape(-1, 2)
-    if qtype in (quant.Q4_1, quant.Q4_K):
+    if qtype in (quant.Q4_1, quant.Q5_1, quant.Q4_K, quant.Q5_K):
         raw[:, 2:4] = raw[:, 0:2]
     return raw.reshape(n, quant.row_bytes(qtype, k)), None
 

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.models import mxfp4
+
 # Per-layer tensors renamed one for one: GGUF name -> HF name under model.layers.<i>.
 GPT_OSS_LAYER = {
     "attn_norm.weight": "input_layernorm.weight", "post_attention_norm.weight": "post_attention_layernorm.weight",
@@ -44,13 +46,15 @@ def handles(config: Any) -> bool:
 
 def convert(path: Path, config: Any) -> dict[str, torch.Tensor]:
     """Every tensor of the file, dequantized to fp32 under its HF name; a ValueError
-    naming a tensor this architecture does not have."""
+    naming a tensor this architecture does not have, or MXFP4 blocks out of range."""
     import gguf
 
     layer_names = GPT_OSS_LAYER if config.model_type == "gpt_oss" else MIXTRAL_LAYER
     out: dict[str, torch.Tensor] = {}
     experts: dict[tuple[int, str], torch.Tensor] = {}
     for t in gguf.GGUFReader(path).tensors:
+        if t.tensor_type == gguf.GGMLQuantizationType.MXFP4:  # a NaN scale would dequantize silently
+            mxfp4.check_gguf_blocks(torch.from_numpy(np.array(t.data, dtype=np.uint8)), t.name)
         data = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
         if t.name in GLOBAL:
             out[GLOBAL[t.name]] = data

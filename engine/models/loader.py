@@ -51,6 +51,17 @@ def cache_root() -> Path:
     return Path(root)
 
 
+def named_file(model: str | os.PathLike | None) -> str:
+    """The path the user's model names before any conversion: the default model's GGUF,
+    a packaged tag's assembled file, else the name itself (what quantization 'gguf' reads
+    its blocks from)."""
+    if model is None:
+        return str(default_model_path())
+    if str(model) in packaged.PACKAGES:
+        return str(packaged.path(str(model)))
+    return str(model)
+
+
 def resolve(model: str | os.PathLike | None) -> ModelFiles:
     """Turn what the user named into a local HF-format directory."""
     if model is None:

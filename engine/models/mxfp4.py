@@ -3,13 +3,18 @@ load: every 32 consecutive values of a row share one E8M0 scale byte (2^(byte - 
 each value is a 4-bit E2M1 float, two to a byte, the low nibble first.
 
 Tensors come in pairs, `<name>_blocks` uint8 [..., G, 16] and `<name>_scales` uint8
-[..., G], for rows of G * 32 values. A scale byte of 255 is NaN in E8M0, and a scale
+[..., G], for rows of G * 32 values. GGUF files (GGML's MXFP4 type) hold the same values
+as 17-byte blocks, the scale byte first and the low nibbles as values 0-15; they are
+checked here when the file is converted, before either path (dequantized, or the
+kernels' `quantization: gguf`) reads them. A scale byte of 255 is NaN in E8M0, and a scale
 that makes a value overflow fp32 is not a weight anyone trained: both are refused,
 naming the tensor."""
 
 from __future__ import annotations
 
 import torch
+
+from kernels import quant
 
 # E2M1: sign, two exponent bits, one mantissa bit.
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -33,3 +38,18 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> torch.T
     if not bool(torch.isfinite(out).all()):
         raise ValueError(f"{name}_scales are out of range: a scale of 2^{int(scales.max()) - 127} overflows fp32")
     return out.flatten(-2)
+
+
+def check_gguf_blocks(data: torch.Tensor, name: str) -> None:
+    """A ValueError naming the GGUF tensor `name` if one of its 17-byte MXFP4 blocks has a
+    NaN scale or a value that overflows fp32; else nothing. Only the blocks whose scale
+    could overflow (2^126 and up) are expanded."""
+    blocks = data.reshape(-1, 17)
+    scales = blocks[:, 0]
+    if bool((scales == NAN_SCALE).any()):
+        raise ValueError(f"GGUF tensor {name!r} holds an MXFP4 scale of {NAN_SCALE}, which is NaN in E8M0: the file "
+                         "is damaged")
+    high = blocks[scales >= 253]
+    if high.numel() and not bool(torch.isfinite(quant.dequantize(high, None, quant.MXFP4, BLOCK)).all()):
+        raise ValueError(f"GGUF tensor {name!r} has MXFP4 scales out of range: a scale of "
+                         f"2^{int(scales.max()) - 127} overflows fp32")

@@ -3,8 +3,9 @@ each expert, and the head) and the embedding computed on quantized weights by th
 kernels (kernels/csrc/quant.cpp for few rows, qgemm.cpp for many), at every row count;
 an expert layer's router stays dense.
 
-- "gguf": the GGUF file's own blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), so the values are
-  exactly those the file holds, which are the ones the fp32 path dequantizes;
+- "gguf": the GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and
+  gpt-oss's MXFP4: every type the Q4_K_M, Q5_K_M, Q8_0 and legacy files hold), so the
+  values are exactly those the file holds, which are the ones the fp32 path dequantizes;
 - "int8": per-output-channel symmetric int8, quantized at load from the fp32 weights of
   any checkpoint (a GGUF's dequantized values included).
 
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from engine.errors import ParamError
+from engine.models import gguf_config
 from engine.models.gguf_tensors import unpermute
 from kernels import quant
 
@@ -137,7 +139,7 @@ def auto(config: Any) -> str | None:
     if _dtype(config.dtype, device) != torch.float32:
         return None
     try:
-        preflight(str(config.model or loader.default_model_path()))
+        preflight(loader.named_file(config.model))
     except ParamError:  # not a GGUF, or a block type without a kernel
         return None
     return "gguf"
@@ -224,9 +226,15 @@ def _reader(source: str) -> Any:
         raise ParamError("quantization", f"quantization 'gguf' computes on a GGUF file's blocks; the model "
                          f"{source!r} is not a .gguf file nor a directory holding one (use 'int8' for other "
                          "checkpoints; scripts/import_model.py keeps an imported GGUF next to its weights)")
-    import gguf
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _READERS:  # preflight and apply read the same file: parse it once (seconds for a big vocabulary)
+        _READERS.clear()
+        _READERS[key] = gguf_config.open_reader(path)
+    return _READERS[key]
 
-    return gguf.GGUFReader(path)
+
+_READERS: dict[tuple[str, int, int], Any] = {}  # the last file's parsed header
 
 
 def _tensors(source: str) -> dict[str, Any]:
@@ -295,11 +303,11 @@ def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, 
 
 
 def _gguf_experts(tensors: dict[str, Any], layer: int, moe: Any) -> list[tuple[nn.Module, QuantLinear]]:
-    """Each expert's gate/up and down on the file's own blocks: llama.cpp merges a layer's
-    experts into one tensor per projection, expert after expert, so expert e's output
-    channels are rows [e * out, (e + 1) * out) of it."""
+    """Each expert's gate/up and down on the file's own blocks (gpt-oss's biases beside
+    them): llama.cpp merges a layer's experts into one tensor per projection, expert after
+    expert, so expert e's output channels are rows [e * out, (e + 1) * out) of it."""
     (qg, gate, k), (qu, up, _), (qd, down, inter) = (_blocks(tensors, f"blk.{layer}.{n}.weight")
                                                      for n in GGUF_EXPERTS)
     n, i = moe.spec.experts, moe.inter
-    return [(quant_rows([gate[e * i:(e + 1) * i], up[e * i:(e + 1) * i]], [qg, qu], k, None),
-             QuantLinear(down[e * k:(e + 1) * k], None, qd, inter)) for e in range(n)]
+    return [(quant_rows([gate[e * i:(e + 1) * i], up[e * i:(e + 1) * i]], [qg, qu], k, moe.expert_bias("gate_up", e)),
+             QuantLinear(down[e * k:(e + 1) * k], None, qd, inter, moe.expert_bias("down", e))) for e in range(n)]

@@ -17,7 +17,40 @@ namespace quant {
 constexpr int64_t PANEL = 4;
 
 // GGML's type numbers for the block types, and ours for int8 rows.
-constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, INT8_ROWS = 1000;
+constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, MXFP4 = 39,
+                  INT8_ROWS = 1000;
+
+// MXFP4's E2M1 values doubled, so that they are integers; its scale byte e then stands
+// for 2^(e - 128) (e8m0_half), half the format's own 2^(e - 127).
+constexpr int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+inline float e8m0_half(uint8_t e) {
+  // 2^(e - 128): a normal float from e = 2 up, a subnormal one below.
+  const uint32_t bits = e < 2 ? 0x00200000u << e : uint32_t(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Weights per block, and bytes per block, of each type (int8 rows: one weight a "block").
+constexpr int64_t block_len(int64_t qtype) {
+  return qtype == Q4_K || qtype == Q5_K || qtype == Q6_K ? 256 : qtype == INT8_ROWS ? 1 : 32;
+}
+constexpr int64_t block_bytes(int64_t qtype) {
+  switch (qtype) {
+    case Q8_0: return 34;
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case MXFP4: return 17;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+    case INT8_ROWS: return 1;
+  }
+  return 0;
+}
 
 inline float half_to_float(uint16_t h) {
 #if defined(__F16C__)
@@ -53,15 +86,14 @@ inline uint16_t load_u16(const uint8_t* p) {
 
 // Bytes of one row of K weights in each format.
 inline int64_t row_bytes(int64_t qtype, int64_t K) {
-  switch (qtype) {
-    case Q8_0: return K / 32 * 34;
-    case Q4_0: return K / 32 * 18;
-    case Q4_1: return K / 32 * 20;
-    case Q4_K: return K / 256 * 144;
-    case Q6_K: return K / 256 * 210;
-    case INT8_ROWS: return K;
-  }
-  TORCH_CHECK(false, "unsupported quantized type ", qtype);
+  TORCH_CHECK(block_bytes(qtype) > 0, "unsupported quantized type ", qtype);
+  return K / block_len(qtype) * block_bytes(qtype);
+}
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
 }
 
 // 16 packed nibbles -> 32 floats q * d + m: low nibbles are weights 0-15, high ones 16-31.
@@ -108,20 +140,42 @@ inline void scale_min_k4(int j, const uint8_t* s, uint8_t* sc, uint8_t* mn) {
   }
 }
 
-inline void dequant_q4_k(const uint8_t* b, float* out) {
+// Q4_K, and Q5_K (the same with 32 bytes of fifth bits, qh, before the nibbles: bit j of
+// qh[l] is the fifth bit of sub-block j's weight l).
+template <bool FIVE>
+inline void dequant_k(const uint8_t* b, float* out) {
   const float d = half_to_float(load_u16(b)), dmin = half_to_float(load_u16(b + 2));
   const uint8_t* scales = b + 4;
-  const uint8_t* q = b + 16;
+  const uint8_t* qh = b + 16;
+  const uint8_t* q = b + (FIVE ? 48 : 16);
   for (int g = 0; g < 4; ++g) {  // 64 weights: 32 low nibbles, then 32 high ones
     uint8_t s0, m0, s1, m1;
     scale_min_k4(2 * g, scales, &s0, &m0);
     scale_min_k4(2 * g + 1, scales, &s1, &m1);
     const float d0 = d * s0, n0 = dmin * m0, d1 = d * s1, n1 = dmin * m1;
     for (int l = 0; l < 32; ++l) {
-      out[64 * g + l] = d0 * (q[l] & 0x0f) - n0;
-      out[64 * g + 32 + l] = d1 * (q[l] >> 4) - n1;
+      const int h0 = FIVE ? ((qh[l] >> (2 * g)) & 1) << 4 : 0, h1 = FIVE ? ((qh[l] >> (2 * g + 1)) & 1) << 4 : 0;
+      out[64 * g + l] = d0 * ((q[l] & 0x0f) | h0) - n0;
+      out[64 * g + 32 + l] = d1 * ((q[l] >> 4) | h1) - n1;
     }
     q += 32;
+  }
+}
+
+// Q5_0 and Q5_1: Q4's nibbles with a fifth bit per weight (bit i of qh on weight i), the
+// values q * d + m (Q5_0's m is -16d).
+inline void dequant_q5(const uint8_t* qs, uint32_t qh, float d, float m, float* out) {
+  for (int j = 0; j < 16; ++j) {
+    out[j] = ((qs[j] & 0x0f) | (((qh >> j) & 1) << 4)) * d + m;
+    out[j + 16] = ((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) * d + m;
+  }
+}
+
+inline void dequant_mxfp4(const uint8_t* b, float* out) {
+  const float s = e8m0_half(b[0]);
+  for (int j = 0; j < 16; ++j) {
+    out[j] = MXFP4_VALUES[b[1 + j] & 0x0f] * s;
+    out[j + 16] = MXFP4_VALUES[b[1 + j] >> 4] * s;
   }
 }
 
@@ -167,8 +221,25 @@ inline void dequant_row(const uint8_t* row, int64_t qtype, int64_t K, float scal
       for (int64_t k = 0; k < K; k += 32, row += 20)
         nibbles(row + 4, half_to_float(load_u16(row)), half_to_float(load_u16(row + 2)), out + k);
       return;
+    case Q5_0:
+      for (int64_t k = 0; k < K; k += 32, row += 22) {
+        const float d = half_to_float(load_u16(row));
+        dequant_q5(row + 6, load_u32(row + 2), d, -16.f * d, out + k);
+      }
+      return;
+    case Q5_1:
+      for (int64_t k = 0; k < K; k += 32, row += 24)
+        dequant_q5(row + 8, load_u32(row + 4), half_to_float(load_u16(row)), half_to_float(load_u16(row + 2)),
+                   out + k);
+      return;
+    case MXFP4:
+      for (int64_t k = 0; k < K; k += 32, row += 17) dequant_mxfp4(row, out + k);
+      return;
     case Q4_K:
-      for (int64_t k = 0; k < K; k += 256, row += 144) dequant_q4_k(row, out + k);
+      for (int64_t k = 0; k < K; k += 256, row += 144) dequant_k<false>(row, out + k);
+      return;
+    case Q5_K:
+      for (int64_t k = 0; k < K; k += 256, row += 176) dequant_k<true>(row, out + k);
       return;
     case Q6_K:
       for (int64_t k = 0; k < K; k += 256, row += 210) dequant_q6_k(row, out + k);
@@ -182,13 +253,39 @@ inline void dequant_row(const uint8_t* row, int64_t qtype, int64_t K, float scal
 inline void check_weights(const at::Tensor& w, int64_t qtype, int64_t K) {
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && (w.scalar_type() == at::kByte || w.scalar_type() == at::kChar),
               "quantized weights must be a contiguous [N, row_bytes] byte tensor");
-  const int64_t block = (qtype == Q4_K || qtype == Q6_K) ? 256 : (qtype == INT8_ROWS ? 1 : 32);
+  TORCH_CHECK(block_bytes(qtype) > 0, "unsupported quantized type ", qtype);
+  const int64_t block = block_len(qtype);
   TORCH_CHECK(K % block == 0, "K (", K, ") must be a multiple of the block length ", block);
   TORCH_CHECK(w.size(1) == row_bytes(qtype, K), "weight rows hold ", w.size(1), " bytes, type ", qtype,
               " with K ", K, " needs ", row_bytes(qtype, K));
 }
 
 #ifdef PAGEDSERVE_AVX2
+// 16 packed nibbles -> 32 unsigned bytes: low nibbles are weights 0-15, high ones 16-31.
+inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+}
+
+// A 32-bit word's bits as 32 bytes, bit i -> byte i: 16 where it is set, else 0.
+inline __m256i sixteens32(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(  // byte i <- the word's byte i / 8
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));  // byte i <- bit i % 8
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask), _mm256_set1_epi8(16));
+}
+
+// Q5_0's and Q5_1's 32 quants (0-31) as unsigned bytes: nibbles at qs, fifth bits in qh.
+inline __m256i q5_bytes32(const uint8_t* qs, uint32_t qh) { return _mm256_or_si256(nibbles32(qs), sixteens32(qh)); }
+
+// MXFP4's 32 values (doubled E2M1, -12..12) as signed bytes: each nibble looked up.
+inline __m256i mxfp4_bytes32(const uint8_t* qs) {
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(MXFP4_VALUES));
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nibbles32(qs));
+}
+
 inline float hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -225,6 +322,11 @@ void many_rows(const float* x, int64_t M, int64_t N, int64_t K, const uint8_t* w
                const float* scales, float* y);
 
 #ifdef PAGEDSERVE_AVX2
+// The same for a few rows of the K-quants with x in fp32 (quant_k.cpp); xsum holds each
+// row's sums over 32 values, [M, K / 32].
+void few_rows_k(const float* x, const float* xsum, int64_t M, int64_t N, int64_t K, const uint8_t* w, int64_t rb,
+                int64_t qtype, float* y);
+
 // The same for a few rows with x rounded to int8 per 32 values (quant_a8.cpp); the types
 // and shapes of quant.cpp's few-rows kernel (few_rows_fit).
 void few_rows_a8(const float* x, int64_t M, int64_t N, int64_t K, const uint8_t* w, int64_t rb, int64_t qtype,

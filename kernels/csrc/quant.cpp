@@ -1,13 +1,15 @@
 // GEMMs on quantized weights, for the CPU: y[M, N] = x[M, K] . W[N, K]^T with W kept as
-// GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) or as int8 rows with one fp32 scale each.
-// Activations stay fp32 and so do the sums; the weights' values are exactly the blocks'
-// (quant_a8.cpp has the few-rows kernel again with activations rounded to int8).
+// GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K) or as int8 rows with
+// one fp32 scale each. Activations stay fp32 and so do the sums; the weights' values are
+// exactly the blocks' (quant_a8.cpp has the few-rows kernels again with activations
+// rounded to int8).
 //
 // - Few rows (decode) with a 32-block type or int8 rows, AVX2 or AVX-512: the blocks
 //   stream through registers, panel of four output channels by panel, each row's sums
 //   scaled after the block (one row) or the block expanded once for a group of rows;
-//   past one group, Q4 panels keep their expanded weights in L1 for the other rows.
-//   The K-quants turn each sub-block's quants into floats in registers, as the rest do.
+//   past one group, 4- and 5-bit panels keep their expanded weights in L1 for the other
+//   rows. The K-quants (quant_k.cpp) turn each sub-block's quants into floats in
+//   registers, as the rest do.
 // - Otherwise (prefill, large batches, the portable build): qgemm.cpp's many-rows kernel.
 #include <torch/library.h>
 #include "aten.h"
@@ -41,51 +43,85 @@ inline vf from_i8(const uint8_t* p) {  // 16 signed bytes
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 inline vf from_u8(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
-// The 32 values of one block's quants, QT a 32-block type, as 32 / VL vectors.
+// The 32 values of one block's quants, QT a 32-block type, as 32 / VL vectors: Q4_0's and
+// Q5_0's less 8 and 16 (CENTRED), MXFP4's doubled E2M1 values.
 template <int64_t QT>
 inline void block_q(const uint8_t* b, vf* q) {
   if constexpr (QT == Q8_0 || QT == INT8_ROWS) {
     const uint8_t* p = b + (QT == Q8_0 ? 2 : 0);
     q[0] = from_i8(p), q[1] = from_i8(p + 16);
-  } else {  // a nibble indexes a table of its value (less 8 for Q4_0): permutes read 4 index bits
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (QT == Q4_1 ? 4 : 2)));
+  } else if constexpr (QT == Q5_0 || QT == Q5_1) {  // nibbles, and bit i of qh as weight i's 16
+    const int64_t at = QT == Q5_1 ? 4 : 2;
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + at + 4)));
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i low4 = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
+    const uint32_t qh = load_u32(b + at);
+    const __m512i h0 = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(qh)), lanes), one);
+    const __m512i h1 = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(qh >> 16)), lanes), one);
+    __m512i q0 = _mm512_or_si512(_mm512_and_si512(v, low4), _mm512_slli_epi32(h0, 4));
+    __m512i q1 = _mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_slli_epi32(h1, 4));
+    if constexpr (QT == Q5_0) q0 = _mm512_sub_epi32(q0, _mm512_set1_epi32(16)), q1 = _mm512_sub_epi32(q1, _mm512_set1_epi32(16));
+    q[0] = _mm512_cvtepi32_ps(q0), q[1] = _mm512_cvtepi32_ps(q1);
+  } else {  // a nibble indexes a table of its value: permutes read 4 index bits
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (QT == Q4_1 ? 4 : QT == MXFP4 ? 1 : 2)));
     const __m512i v = _mm512_cvtepu8_epi32(raw);
-    const vf table = QT == Q4_1 ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-                                : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    const vf table = QT == Q4_1    ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                     : QT == MXFP4 ? _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+                                   : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     q[0] = _mm512_permutexvar_ps(v, table), q[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
   }
 }
-constexpr bool Q4_0_CENTRED = true;  // block_q returns Q4_0's quants less 8
+constexpr bool CENTRED = true;  // block_q returns Q4_0's and Q5_0's quants less 8 and 16
 #else
 inline vf from_i8(const uint8_t* p) {  // 8 signed bytes
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 inline vf from_u8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+// The 32 quants as four 8-float vectors: Q4_0's and Q5_0's as stored (0-15, 0-31).
+inline void bytes_to_q(__m256i v, bool is_signed, vf* q) {
+  const __m128i a = _mm256_castsi256_si128(v), b = _mm256_extracti128_si256(v, 1);
+  const __m128i parts[4] = {a, _mm_srli_si128(a, 8), b, _mm_srli_si128(b, 8)};
+  for (int i = 0; i < 4; ++i)
+    q[i] = _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]));
+}
 template <int64_t QT>
 inline void block_q(const uint8_t* b, vf* q) {
   if constexpr (QT == Q8_0 || QT == INT8_ROWS) {
     const uint8_t* p = b + (QT == Q8_0 ? 2 : 0);
     for (int i = 0; i < 4; ++i) q[i] = from_i8(p + 8 * i);
+  } else if constexpr (QT == Q5_0 || QT == Q5_1) {
+    const int64_t at = QT == Q5_1 ? 4 : 2;
+    bytes_to_q(q5_bytes32(b + at + 4, load_u32(b + at)), false, q);
+  } else if constexpr (QT == MXFP4) {
+    bytes_to_q(mxfp4_bytes32(b + 1), true, q);
   } else {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (QT == Q4_1 ? 4 : 2)));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-    q[0] = from_u8(lo), q[1] = from_u8(_mm_srli_si128(lo, 8));
-    q[2] = from_u8(hi), q[3] = from_u8(_mm_srli_si128(hi, 8));
+    bytes_to_q(nibbles32(b + (QT == Q4_1 ? 4 : 2)), false, q);
   }
 }
-constexpr bool Q4_0_CENTRED = false;
+constexpr bool CENTRED = false;
 #endif
 constexpr int NV = 32 / VL;  // vectors per 32 weights
 
-// R rows against PANEL output channels, QT one of Q8_0, Q4_0, Q4_1 or int8 rows (taken
-// 32 weights at a time, its one scale per row applied at the end). The type is a template
-// argument so that each inner loop has no branch and Q8_0 no offset term.
+// A block's scale d (MXFP4's 2^(e - 128) for its doubled values), and its offset m, the
+// value of a zero quant: Q4_1's and Q5_1's stored m, Q4_0's -8d and Q5_0's -16d where
+// block_q does not centre them.
+template <int64_t QT>
+inline float block_d(const uint8_t* b) {
+  return QT == MXFP4 ? e8m0_half(b[0]) : half_to_float(load_u16(b));
+}
+template <int64_t QT>
+inline float block_m(const uint8_t* b, float d) {
+  return QT == Q4_1 || QT == Q5_1 ? half_to_float(load_u16(b + 2)) : QT == Q5_0 ? -16.f * d : -8.f * d;
+}
+
+// R rows against PANEL output channels, QT a 32-block type or int8 rows (taken 32
+// weights at a time, its one scale per row applied at the end). The type is a template
+// argument so that each inner loop has no branch and the signed types no offset term.
 template <int64_t QT, int R>
 void few_rows(const float* x, const float* xsum, int64_t K, const uint8_t* w, int64_t rb, const float* scales,
               float* y, int64_t ldy, int64_t cols, float* keep = nullptr) {
-  constexpr bool has_m = QT == Q4_1 || (QT == Q4_0 && !Q4_0_CENTRED);
-  constexpr int64_t bytes = QT == Q8_0 ? 34 : QT == Q4_1 ? 20 : QT == Q4_0 ? 18 : 32;
+  constexpr bool has_m = QT == Q4_1 || QT == Q5_1 || ((QT == Q4_0 || QT == Q5_0) && !CENTRED);
+  constexpr int64_t bytes = QT == INT8_ROWS ? 32 : block_bytes(QT);
   const int64_t nb = K / 32;
   vf acc[R][PANEL];
   float macc[R][PANEL];
@@ -107,11 +143,11 @@ void few_rows(const float* x, const float* xsum, int64_t K, const uint8_t* w, in
       } else if constexpr (R >= 2) {
         // Several rows share each block: expand it to its weights once (q * d + m, the
         // dequantized values) and give every row plain FMAs, no per-row scaling.
-        const float d = half_to_float(load_u16(blk));
+        const float d = block_d<QT>(blk);
         const vf vd = vset(d);
         vf wv[NV];
         if constexpr (has_m) {
-          const vf vm = vset(QT == Q4_1 ? half_to_float(load_u16(blk + 2)) : -8.f * d);
+          const vf vm = vset(block_m<QT>(blk, d));
           for (int i = 0; i < NV; ++i) wv[i] = vadd(vmul(q[i], vd), vm);
         } else {
           for (int i = 0; i < NV; ++i) wv[i] = vmul(q[i], vd);
@@ -121,7 +157,7 @@ void few_rows(const float* x, const float* xsum, int64_t K, const uint8_t* w, in
         if (keep != nullptr)  // the panel's weights for the next rows (from_kept)
           for (int i = 0; i < NV; ++i) vstore(keep + c * K + 32 * b + VL * i, wv[i]);
       } else {
-        const float d = half_to_float(load_u16(blk));
+        const float d = block_d<QT>(blk);
         const vf vd = vset(d);
         for (int r = 0; r < R; ++r) {
           vf s = vmul(q[0], xv[r][0]);
@@ -129,7 +165,7 @@ void few_rows(const float* x, const float* xsum, int64_t K, const uint8_t* w, in
           acc[r][c] = vfma(s, vd, acc[r][c]);
         }
         if constexpr (has_m) {  // one row: scale the block sum, add the offset times the x sum
-          const float m = QT == Q4_1 ? half_to_float(load_u16(blk + 2)) : -8.f * d;
+          const float m = block_m<QT>(blk, d);
           for (int r = 0; r < R; ++r) macc[r][c] += m * xsum[r * nb + b];
         }
       }
@@ -167,7 +203,7 @@ void few_rows_all(const float* xp, const float* xsum, int64_t M, int64_t N, int6
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     // Past one group of rows, the first group keeps the panel's expanded weights and the
     // other rows read them back (int8 rows expand in one conversion: they stream again).
-    std::vector<float> kept(M > G && (QT == Q4_0 || QT == Q4_1) ? PANEL * K : 0);
+    std::vector<float> kept(M > G && QT != Q8_0 && QT != INT8_ROWS ? PANEL * K : 0);
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n0 = p * PANEL, cols = std::min(PANEL, N - n0);
       const float* s = sp ? sp + n0 : nullptr;
@@ -192,123 +228,12 @@ void few_rows_all(const float* xp, const float* xsum, int64_t M, int64_t N, int6
   });
 }
 
-// The K-quants (Q4_K, Q6_K: 256-weight superblocks with a scale per 32 or 16 weights, as
-// Q4_K_M files hold them) for few rows, in 8-lane AVX2 vectors on every AVX2 build: each
-// sub-block's quants become floats in registers, its sum against x is taken on the raw
-// integers, then scaled once (Q4_K's min enters as min * sum(x) per sub-block, as the
-// 32-block types' offset does). Before this, one decode row went through qgemm.cpp's
-// many-rows kernel, which packs the weights for a tile of rows it does not have.
-inline __m256 u8_lo8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
-inline __m256 i8_lo8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
-
-// 32 quants given as bytes (unsigned for Q4_K, signed for Q6_K) as four 8-float vectors
-template <bool SIGNED>
-inline void quants32(__m256i v, __m256* q) {
-  const __m128i a = _mm256_castsi256_si128(v), b = _mm256_extracti128_si256(v, 1);
-  if constexpr (SIGNED) {
-    q[0] = i8_lo8(a), q[1] = i8_lo8(_mm_srli_si128(a, 8)), q[2] = i8_lo8(b), q[3] = i8_lo8(_mm_srli_si128(b, 8));
-  } else {
-    q[0] = u8_lo8(a), q[1] = u8_lo8(_mm_srli_si128(a, 8)), q[2] = u8_lo8(b), q[3] = u8_lo8(_mm_srli_si128(b, 8));
-  }
-}
-
-inline __m256 dot16(const __m256* q, const float* x) {
-  return _mm256_fmadd_ps(q[1], _mm256_loadu_ps(x + 8), _mm256_mul_ps(q[0], _mm256_loadu_ps(x)));
-}
-
-template <int64_t QT, int R>
-void few_rows_k(const float* x, const float* xsum, int64_t K, const uint8_t* w, int64_t rb, float* y, int64_t ldy,
-                int64_t cols) {
-  constexpr int64_t bytes = QT == Q4_K ? 144 : 210;
-  const int64_t nb32 = K / 32;
-  const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03), bias32 = _mm256_set1_epi8(32);
-  __m256 acc[R][PANEL];
-  float macc[R][PANEL];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < PANEL; ++c) acc[r][c] = _mm256_setzero_ps(), macc[r][c] = 0.f;
-  for (int64_t b = 0; b < K / 256; ++b) {
-    for (int c = 0; c < PANEL; ++c) {
-      if (c >= cols) break;
-      const uint8_t* blk = w + c * rb + b * bytes;
-      // Every cache line of the superblock (3-4 of them), not one: fetching one line a
-      // block left the Q6_K head of a 150k vocabulary at 4 GB/s from memory.
-      for (int64_t o = 0; o < bytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH + o), _MM_HINT_T0);
-      if constexpr (QT == Q4_K) {
-        const float d = half_to_float(load_u16(blk)), dmin = half_to_float(load_u16(blk + 2));
-        for (int g = 0; g < 4; ++g) {  // 64 weights: sub-block 2g in the low nibbles, 2g + 1 in the high
-          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * g));
-          const __m256i halves[2] = {_mm256_and_si256(raw, low4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4)};
-          for (int h = 0; h < 2; ++h) {
-            const int sub = 2 * g + h;
-            uint8_t sc, mn;
-            scale_min_k4(sub, blk + 4, &sc, &mn);
-            __m256 q[4];
-            quants32<false>(halves[h], q);
-            const __m256 vd = _mm256_set1_ps(d * sc);
-            for (int r = 0; r < R; ++r) {
-              const float* xs = x + r * K + 256 * b + 32 * sub;
-              const __m256 s = _mm256_add_ps(dot16(q, xs), dot16(q + 2, xs + 16));
-              acc[r][c] = _mm256_fmadd_ps(s, vd, acc[r][c]);
-              macc[r][c] += dmin * mn * xsum[r * nb32 + 8 * b + sub];
-            }
-          }
-        }
-      } else {  // Q6_K: 4 low bits in ql, 2 high in qh, centred on 32; a scale per 16 weights
-        const float d = half_to_float(load_u16(blk + 208));
-        const int8_t* scales = reinterpret_cast<const int8_t*>(blk + 192);
-        for (int half = 0; half < 2; ++half) {
-          const uint8_t* ql = blk + 64 * half;
-          const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-          const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * half));
-          const __m256i lows[4] = {_mm256_and_si256(qa, low4), _mm256_and_si256(qb, low4),
-                                   _mm256_and_si256(_mm256_srli_epi16(qa, 4), low4),
-                                   _mm256_and_si256(_mm256_srli_epi16(qb, 4), low4)};
-          for (int t = 0; t < 4; ++t) {  // weights 128 half + 32 t + [0, 32)
-            const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), low2);
-            const __m256i v = _mm256_sub_epi8(_mm256_or_si256(lows[t], _mm256_slli_epi16(high, 4)), bias32);
-            __m256 q[4];
-            quants32<true>(v, q);
-            const int8_t* sc = scales + 8 * half + 2 * t;
-            const __m256 d0 = _mm256_set1_ps(d * sc[0]), d1 = _mm256_set1_ps(d * sc[1]);
-            for (int r = 0; r < R; ++r) {
-              const float* xs = x + r * K + 256 * b + 128 * half + 32 * t;
-              acc[r][c] = _mm256_fmadd_ps(dot16(q, xs), d0, acc[r][c]);
-              acc[r][c] = _mm256_fmadd_ps(dot16(q + 2, xs + 16), d1, acc[r][c]);
-            }
-          }
-        }
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < cols; ++c) y[r * ldy + c] = hsum(acc[r][c]) - macc[r][c];
-}
-
-template <int64_t QT>
-void few_rows_k_all(const float* xp, const float* xsum, int64_t M, int64_t N, int64_t K, const uint8_t* wp,
-                    int64_t rb, float* yp) {
-  const int64_t nb32 = K / 32;
-  const int64_t panels = (N + PANEL - 1) / PANEL;
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t n0 = p * PANEL, cols = std::min(PANEL, N - n0);
-      const uint8_t* wpan = wp + n0 * rb;
-      float* ypan = yp + n0;
-      int64_t r = 0;
-      for (; r + 2 <= M; r += 2) few_rows_k<QT, 2>(xp + r * K, xsum + r * nb32, K, wpan, rb, ypan + r * N, N, cols);
-      for (; r < M; ++r) few_rows_k<QT, 1>(xp + r * K, xsum + r * nb32, K, wpan, rb, ypan + r * N, N, cols);
-    }
-  });
-}
 #endif
 
 // The types and shapes the block-streaming kernel takes.
 bool few_rows_fit(int64_t qtype, int64_t K) {
 #ifdef PAGEDSERVE_AVX2
-  return qtype == Q4_0 || qtype == Q4_1 || qtype == Q8_0 || qtype == Q4_K || qtype == Q6_K ||
-         (qtype == INT8_ROWS && K % 32 == 0);
+  return (qtype != INT8_ROWS && block_bytes(qtype) > 0) || (qtype == INT8_ROWS && K % 32 == 0);
 #else
   return false;
 #endif
@@ -338,10 +263,14 @@ bool few_rows_kernel(int64_t qtype, int64_t M, int64_t K, bool int8_activations)
 #endif
   switch (qtype) {
     case Q4_0:
-    case Q4_1: return M <= q4;
+    case Q4_1:
+    case Q5_0:  // expanded as Q4's are (not measured apart)
+    case Q5_1:
+    case MXFP4: return M <= q4;
     case Q8_0: return M <= q8;
     case INT8_ROWS: return M <= i8;
     case Q4_K:
+    case Q5_K:
     case Q6_K: return M <= KQ_ROWS;
   }
   return false;
@@ -354,8 +283,8 @@ at::Tensor qlinear(const at::Tensor& x_in, const at::Tensor& w, const c10::optio
                    int64_t qtype, int64_t K, int64_t kernel, bool int8_activations) {
   check_weights(w, qtype, K);
   TORCH_CHECK(kernel >= 0 && kernel <= 2, "kernel must be 0 (by rows), 1 (few rows) or 2 (many rows)");
-  TORCH_CHECK(kernel != 1 || few_rows_fit(qtype, K), "the few-rows kernel needs AVX2 and Q4_0, Q4_1, Q8_0, "
-              "Q4_K, Q6_K or int8 rows with K a multiple of 32");
+  TORCH_CHECK(kernel != 1 || few_rows_fit(qtype, K), "the few-rows kernel needs AVX2, and int8 rows need K a "
+              "multiple of 32");
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kFloat,
               "x must be fp32 [M, ", K, "]");
   TORCH_CHECK(qtype != INT8_ROWS || (scales.has_value() && scales->numel() == w.size(0)),
@@ -383,11 +312,15 @@ at::Tensor qlinear(const at::Tensor& x_in, const at::Tensor& w, const c10::optio
         xsum[r * nb + b] = s;
       }
     switch (qtype) {
-      case Q4_K: few_rows_k_all<Q4_K>(xp, xsum.data(), M, N, K, wp, rb, yp); break;
-      case Q6_K: few_rows_k_all<Q6_K>(xp, xsum.data(), M, N, K, wp, rb, yp); break;
+      case Q4_K:
+      case Q5_K:
+      case Q6_K: few_rows_k(xp, xsum.data(), M, N, K, wp, rb, qtype, yp); break;
       case Q8_0: few_rows_all<Q8_0>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;
       case Q4_0: few_rows_all<Q4_0>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;
       case Q4_1: few_rows_all<Q4_1>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;
+      case Q5_0: few_rows_all<Q5_0>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;
+      case Q5_1: few_rows_all<Q5_1>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;
+      case MXFP4: few_rows_all<MXFP4>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;
       default: few_rows_all<INT8_ROWS>(xp, xsum.data(), M, N, K, wp, rb, sp, yp); break;
     }
     return y;

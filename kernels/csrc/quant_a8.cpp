@@ -1,5 +1,5 @@
 // Decode GEMMs on quantized weights with int8 activations: y[M, N] = x[M, K] . W[N, K]^T
-// for a few rows, W as GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) or int8 rows.
+// for a few rows, W as GGUF blocks (every type quant.cpp takes) or int8 rows.
 //
 // Why: quant.cpp's few-rows kernel keeps activations in fp32, so every weight becomes a
 // float before its FMA, four to six instructions per weight and row. That bound, not
@@ -11,8 +11,8 @@
 // instructions. llama.cpp's and vLLM's GGUF kernels round activations the same way.
 //
 // The product is that of the rounded activations x' with the blocks' quants scaled, plus
-// the blocks' offsets (Q4_0's -8d, Q4_1's m, Q4_K's -dmin * min) times the exact sums of
-// x, so the only rounding beyond fp32's is x's, at most half a step of max|x| / 127 per
+// the blocks' offsets (Q4_0's -8d, Q5_0's -16d, Q4_1's and Q5_1's m, the K-quants'
+// -dmin * min) times the exact sums of x, so the only rounding beyond fp32's is x's, at most half a step of max|x| / 127 per
 // group of 32 (kernels/quant.py's a8_reference is the oracle).
 #include <torch/library.h>
 #include "aten.h"
@@ -52,13 +52,6 @@ inline __m256i dot_ss(__m256i w, __m256i s) { return dot_us(_mm256_abs_epi8(w), 
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// 16 packed nibbles -> 32 unsigned bytes: low nibbles are weights 0-15, high ones 16-31.
-inline __m256i nibbles32(const uint8_t* qs) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
-}
-
 // The rounded activations of R rows: q [R, K] bytes, d and the exact sums [R, K / 32].
 struct Rows {
   const int8_t* q;
@@ -97,16 +90,62 @@ inline __m256 halves8(const uint8_t* blk, int at) {
 #endif
 }
 
+// The 32-block types' traits: where the quants start, and whether they are unsigned with
+// an offset (the value of a zero quant) or signed.
+template <int64_t QT>
+constexpr int64_t quants_at() {
+  return QT == Q8_0 || QT == Q4_0 ? 2 : QT == Q4_1 ? 4 : QT == Q5_0 ? 6 : QT == Q5_1 ? 8 : QT == MXFP4 ? 1 : 0;
+}
+template <int64_t QT>
+constexpr bool has_offset() {
+  return QT == Q4_0 || QT == Q4_1 || QT == Q5_0 || QT == Q5_1;
+}
+
+// One block's 32 quants as bytes: unsigned for the offset types, signed for the rest.
+template <int64_t QT>
+inline __m256i quants(const uint8_t* blk) {
+  if constexpr (QT == Q5_0 || QT == Q5_1) return q5_bytes32(blk + quants_at<QT>(), load_u32(blk + quants_at<QT>() - 4));
+  if constexpr (QT == Q4_0 || QT == Q4_1) return nibbles32(blk + quants_at<QT>());
+  if constexpr (QT == MXFP4) return mxfp4_bytes32(blk + 1);
+  return load32(blk + quants_at<QT>());
+}
+
+// Eight consecutive blocks' scales d and offsets m, as vectors.
+template <int64_t QT>
+inline __m256 scales8(const uint8_t* blk) {
+  constexpr int64_t bytes = QT == INT8_ROWS ? 32 : block_bytes(QT);
+  if constexpr (QT == INT8_ROWS) return _mm256_set1_ps(1.f);
+  if constexpr (QT == MXFP4) {
+    float f[8];
+    for (int i = 0; i < 8; ++i) f[i] = e8m0_half(blk[i * bytes]);
+    return _mm256_loadu_ps(f);
+  }
+  return halves8<bytes>(blk, 0);
+}
+template <int64_t QT>
+inline __m256 offsets8(const uint8_t* blk, __m256 d) {
+  if constexpr (QT == Q4_1 || QT == Q5_1) return halves8<block_bytes(QT)>(blk, 2);
+  return _mm256_mul_ps(d, _mm256_set1_ps(QT == Q5_0 ? -16.f : -8.f));
+}
+template <int64_t QT>
+inline float scale1(const uint8_t* blk) {
+  return QT == INT8_ROWS ? 1.f : QT == MXFP4 ? e8m0_half(blk[0]) : half_to_float(load_u16(blk));
+}
+template <int64_t QT>
+inline float offset1(const uint8_t* blk, float d) {
+  return QT == Q4_1 || QT == Q5_1 ? half_to_float(load_u16(blk + 2)) : QT == Q5_0 ? -16.f * d : -8.f * d;
+}
+
 // R rows against PANEL output channels of a 32-block type (or int8 rows, their scale
 // applied at the end). Eight blocks at a time, as the K-quants' superblocks: their eight
 // integer sums gathered into one vector, then scaled (each block's d times each group's
-// activation scale) and offset (Q4_0's -8d, Q4_1's m, times the exact sums of x) as
-// vectors; a tail of fewer than eight blocks goes one block at a time.
+// activation scale) and offset (Q4_0's -8d, Q5_0's -16d, Q4_1's and Q5_1's m, times the
+// exact sums of x) as vectors; a tail of fewer than eight blocks goes one block at a time.
 template <int64_t QT, int R>
 void panel32(const Rows& x, const uint8_t* w, int64_t rb, const float* scales, float* y, int64_t ldy,
              int64_t cols) {
-  constexpr int64_t bytes = QT == Q8_0 ? 34 : QT == Q4_1 ? 20 : QT == Q4_0 ? 18 : 32;
-  constexpr bool offset = QT == Q4_0 || QT == Q4_1;
+  constexpr int64_t bytes = QT == INT8_ROWS ? 32 : block_bytes(QT);
+  constexpr bool offset = has_offset<QT>();
   const int64_t nb = x.K / 32, whole = nb / 8 * 8;
   __m256 acc[R][PANEL];
   float tail[R][PANEL];
@@ -119,11 +158,9 @@ void panel32(const Rows& x, const uint8_t* w, int64_t rb, const float* scales, f
       for (int64_t o = 0; o < 8 * bytes; o += 64)
         _mm_prefetch(reinterpret_cast<const char*>(blk + PANEL * rb + o), _MM_HINT_T0);
       __m256i q[8];
-      for (int j = 0; j < 8; ++j)
-        q[j] = offset ? nibbles32(blk + j * bytes + (QT == Q4_1 ? 4 : 2))
-                      : load32(blk + j * bytes + (QT == Q8_0 ? 2 : 0));
-      const __m256 d = QT == INT8_ROWS ? _mm256_set1_ps(1.f) : halves8<bytes>(blk, 0);
-      const __m256 m = QT == Q4_1 ? halves8<bytes>(blk, 2) : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+      for (int j = 0; j < 8; ++j) q[j] = quants<QT>(blk + j * bytes);
+      const __m256 d = scales8<QT>(blk);
+      const __m256 m = offset ? offsets8<QT>(blk, d) : d;
       for (int r = 0; r < R; ++r) {
         const int8_t* xq = x.q + r * x.K + 32 * b;
         __m256i isum[8];
@@ -139,9 +176,9 @@ void panel32(const Rows& x, const uint8_t* w, int64_t rb, const float* scales, f
     for (int c = 0; c < PANEL; ++c) {
       if (c >= cols) break;
       const uint8_t* blk = w + c * rb + b * bytes;
-      const float d = QT == INT8_ROWS ? 1.f : half_to_float(load_u16(blk));
-      const float m = QT == Q4_1 ? half_to_float(load_u16(blk + 2)) : -8.f * d;
-      const __m256i q = offset ? nibbles32(blk + (QT == Q4_1 ? 4 : 2)) : load32(blk + (QT == Q8_0 ? 2 : 0));
+      const float d = scale1<QT>(blk);
+      const float m = offset1<QT>(blk, d);
+      const __m256i q = quants<QT>(blk);
       for (int r = 0; r < R; ++r) {
         const __m256i xq = load32(x.q + r * x.K + 32 * b);
         tail[r][c] += hsum(_mm256_cvtepi32_ps(offset ? dot_us(q, xq) : dot_ss(q, xq))) * d * x.d[r * nb + b];
@@ -176,16 +213,16 @@ inline void scales_mins_k4(const uint8_t* s, uint64_t* sc, uint64_t* mn) {
   *mn = (u[1] & six) | uint64_t(((u[2] >> 4) & four) | (((u[1] >> 6) & two) << 4)) << 32;
 }
 
-// R rows against PANEL output channels of Q4_K or Q6_K superblocks (256 weights). Each
+// R rows against PANEL output channels of Q4_K, Q5_K or Q6_K superblocks (256 weights). Each
 // superblock's eight 32-weight sums are taken on integers (Q6_K's 16-weight scales
 // multiplied in by madd), then gathered into one vector whose lanes are the sub-blocks,
 // so that the per-32 scales (the weights' times the activations') and Q4_K's mins times
 // the exact sums of x apply as three vector operations, not 8 scalar chains.
 template <int64_t QT, int R>
 void panel256(const Rows& x, const uint8_t* w, int64_t rb, float* y, int64_t ldy, int64_t cols) {
-  constexpr int64_t bytes = QT == Q4_K ? 144 : 210;
+  constexpr int64_t bytes = block_bytes(QT);
   const int64_t nb32 = x.K / 32;
-  const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
+  const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
   __m256 acc[R][PANEL];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < PANEL; ++c) acc[r][c] = _mm256_setzero_ps();
@@ -198,13 +235,18 @@ void panel256(const Rows& x, const uint8_t* w, int64_t rb, float* y, int64_t ldy
       for (int64_t o = 0; o < bytes; o += 64)  // every line of the superblock (quant.cpp says why)
         _mm_prefetch(reinterpret_cast<const char*>(blk + PANEL * rb + o), _MM_HINT_T0);
       __m256i q[8];  // the superblock's quants, 32 a vector, in weight order
-      // Q4_K: the eight sub-blocks' scales and mins; Q6_K: its sixteen scales, halves16's order.
+      // Q4_K, Q5_K: the eight sub-blocks' scales and mins; Q6_K: its sixteen scales, halves16's order.
       __m256 wscale, wmin;
-      if constexpr (QT == Q4_K) {
+      if constexpr (QT == Q4_K || QT == Q5_K) {
         for (int g = 0; g < 4; ++g) {  // 64 weights: sub-block 2g in the low nibbles, 2g + 1 in the high
-          const __m256i raw = load32(blk + 16 + 32 * g);
+          const __m256i raw = load32(blk + (QT == Q5_K ? 48 : 16) + 32 * g);
           q[2 * g] = _mm256_and_si256(raw, low4);
           q[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+        }
+        if constexpr (QT == Q5_K) {  // bit j of each qh byte: the fifth bit of sub-block j's weights
+          const __m256i qh = load32(blk + 16);
+          for (int j = 0; j < 8; ++j)
+            q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
         }
         uint64_t sc, mn;
         scales_mins_k4(blk + 4, &sc, &mn);
@@ -233,7 +275,7 @@ void panel256(const Rows& x, const uint8_t* w, int64_t rb, float* y, int64_t ldy
         const int8_t* xq = x.q + r * x.K + 256 * b;
         __m256i isum[8];
         for (int j = 0; j < 8; ++j) isum[j] = dot_us(q[j], load32(xq + 32 * j));
-        if constexpr (QT == Q4_K) {
+        if constexpr (QT != Q6_K) {
           const __m256 s = _mm256_cvtepi32_ps(sums8(isum));
           acc[r][c] = _mm256_fmadd_ps(s, _mm256_mul_ps(wscale, xd[r]), acc[r][c]);
           acc[r][c] = _mm256_fnmadd_ps(wmin, _mm256_loadu_ps(x.sum + r * nb32 + 8 * b), acc[r][c]);
@@ -258,7 +300,7 @@ void panel256(const Rows& x, const uint8_t* w, int64_t rb, float* y, int64_t ldy
 
 template <int64_t QT, int R>
 void panel(const Rows& x, const uint8_t* w, int64_t rb, const float* scales, float* y, int64_t ldy, int64_t cols) {
-  if constexpr (QT == Q4_K || QT == Q6_K)
+  if constexpr (block_len(QT) == 256)
     panel256<QT, R>(x, w, rb, y, ldy, cols);
   else
     panel32<QT, R>(x, w, rb, scales, y, ldy, cols);
@@ -332,10 +374,14 @@ void few_rows_a8(const float* xp, int64_t M, int64_t N, int64_t K, const uint8_t
   const Rows x{q.data(), d.data(), sum.data(), K, sum16.empty() ? nullptr : sum16.data()};
   switch (qtype) {
     case Q4_K: all_panels<Q4_K>(x, M, N, wp, rb, sp, yp); break;
+    case Q5_K: all_panels<Q5_K>(x, M, N, wp, rb, sp, yp); break;
     case Q6_K: all_panels<Q6_K>(x, M, N, wp, rb, sp, yp); break;
     case Q8_0: all_panels<Q8_0>(x, M, N, wp, rb, sp, yp); break;
     case Q4_0: all_panels<Q4_0>(x, M, N, wp, rb, sp, yp); break;
     case Q4_1: all_panels<Q4_1>(x, M, N, wp, rb, sp, yp); break;
+    case Q5_0: all_panels<Q5_0>(x, M, N, wp, rb, sp, yp); break;
+    case Q5_1: all_panels<Q5_1>(x, M, N, wp, rb, sp, yp); break;
+    case MXFP4: all_panels<MXFP4>(x, M, N, wp, rb, sp, yp); break;
     default: all_panels<INT8_ROWS>(x, M, N, wp, rb, sp, yp); break;
   }
 }

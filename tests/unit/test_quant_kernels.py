@@ -11,15 +11,18 @@ import torch
 from kernels import quant
 
 
-TYPES = [quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q4_K, quant.Q6_K]
+TYPES = [quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1, quant.MXFP4, quant.Q4_K, quant.Q5_K, quant.Q6_K]
 
 
 def random_blocks(qtype: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
     """Random bytes in the block layout, with the fp16 scales set to sane values (random
-    bytes would make infs and NaNs)."""
+    bytes would make infs and NaNs), and MXFP4's scale bytes 2^-9 to 2^-5."""
     f = quant.FORMATS[qtype]
     blocks = torch.randint(0, 256, (n * (k // f.block), f.bytes), dtype=torch.uint8, generator=gen)
-    halves = {quant.Q8_0: [0], quant.Q4_0: [0], quant.Q4_1: [0, 2], quant.Q4_K: [0, 2], quant.Q6_K: [208]}[qtype]
+    if qtype == quant.MXFP4:
+        blocks[:, 0] = torch.randint(118, 123, (blocks.shape[0],), dtype=torch.uint8, generator=gen)
+    halves = {quant.Q8_0: [0], quant.Q4_0: [0], quant.Q4_1: [0, 2], quant.Q5_0: [0], quant.Q5_1: [0, 2],
+              quant.MXFP4: [], quant.Q4_K: [0, 2], quant.Q5_K: [0, 2], quant.Q6_K: [208]}[qtype]
     for at in halves:
         scale = (torch.rand(blocks.shape[0], generator=gen) * 0.02 + 0.001).to(torch.float16)
         blocks[:, at:at + 2] = scale.view(torch.uint8).reshape(-1, 2)
@@ -36,7 +39,7 @@ def test_the_reference_is_the_gguf_packages_dequantization(qtype):
 
 
 # The few-rows kernel's types (K a multiple of 32 for int8 rows), built where the CPU has AVX2.
-STREAMED = [quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q4_K, quant.Q6_K, quant.INT8_ROWS]
+STREAMED = TYPES + [quant.INT8_ROWS]
 
 
 def weights(qtype: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
