@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
 
 @dataclass(frozen=True)
 class MoESpec:
@@ -72,10 +74,15 @@ class ArchSpec:
     moe: MoESpec | None = None
     sinks: bool = False  # a learned logit per head in every attention softmax (gpt-oss)
 
-    @property
-    def plain(self) -> bool:
-        """Llama's layer shape (its MLP dense or experts), the one the native fused layer runs."""
-        return self.norms == "pre" and self.qk_norm != "all" and not self.sinks and not self.late_cast
+    def fusable(self, dtype: torch.dtype) -> bool:
+        """Whether the native fused layer (DecoderLayer.forward_fused) runs this layer shape:
+        Llama's (its MLP dense or experts), or Gemma's sandwich norms in fp32, where the
+        kernel's norm (weight times the rounded normalised x) is Gemma's (rounding after)."""
+        if self.qk_norm == "all" or self.sinks:
+            return False
+        if self.norms == "pre":
+            return not self.late_cast
+        return self.norms == "sandwich" and dtype == torch.float32
 
 
 def layer_windows(config, all_layers: bool = False) -> tuple[int, ...]:

@@ -53,8 +53,10 @@ class Flat:
 
     norm1: torch.Tensor
     eps1: float
-    norm2: torch.Tensor
+    norm2: torch.Tensor  # before the MLP: Llama's post_attention_layernorm, Gemma's pre_feedforward one
     eps2: float
+    post_attn: torch.Tensor | None  # Gemma's norms of the attention's and the MLP's outputs
+    post_mlp: torch.Tensor | None
     qkv: Callable[[torch.Tensor], torch.Tensor]
     qk_norm: torch.Tensor | None  # [H + Hkv, D]: the q heads' norm weight, then the k heads'
     qk_eps: float
@@ -118,9 +120,13 @@ class DecoderLayer(nn.Module):
         if attn.qk_norm == "head":
             qk_norm = torch.cat([attn.q_norm.effective_weight().expand(attn.num_heads, -1),
                                  attn.k_norm.effective_weight().expand(attn.num_kv_heads, -1)]).float()
+        sandwich = self.spec.norms == "sandwich"
+        norm2 = self.pre_feedforward_layernorm if sandwich else self.post_attention_layernorm
         self.flat = Flat(
             norm1=self.input_layernorm.effective_weight(), eps1=self.input_layernorm.eps,
-            norm2=self.post_attention_layernorm.effective_weight(), eps2=self.post_attention_layernorm.eps,
+            norm2=norm2.effective_weight(), eps2=norm2.eps,
+            post_attn=self.post_attention_layernorm.effective_weight() if sandwich else None,
+            post_mlp=self.post_feedforward_layernorm.effective_weight() if sandwich else None,
             qkv=attn.qkv_proj.forward, qk_norm=qk_norm, qk_eps=attn.q_norm.eps if qk_norm is not None else 0.0,
             o=attn.o_proj.forward, gate_up=None if moe else mlp.gate_up_proj.forward, glu=not moe and mlp.glu,
             act=None if moe or mlp.act_name == "silu" else mlp.act, inter=mlp.inter,
@@ -132,9 +138,10 @@ class DecoderLayer(nn.Module):
 
     def forward_fused(self, residual, pending, cos, sin, kv_cache, meta,
                       keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same layer (pre-norm architectures) on the native CPU kernels: each residual
-        add fused into the norm after it (`residual` updated in place, the MLP output
-        returned as the next layer's `pending`), the rotary fused, and written flat, with no
+        """The same layer (pre-norm and, in fp32, sandwich-norm architectures) on the native
+        CPU kernels: each residual add fused into the norm after it (`residual` updated in
+        place, the MLP output, Gemma's normed, returned as the next layer's `pending`; Gemma's
+        attention output normed before it joins the residual), the rotary fused, and written flat, with no
         nn.Module call or module attribute lookup inside: at batch 1 on quantized weights
         the Python around the kernels had taken about 95 us a layer, a quarter of the step.
         cos and sin are [n, rotary dims]. Returns (residual, pending).
@@ -163,7 +170,11 @@ class DecoderLayer(nn.Module):
         out = f.o(out)
         if f.residual_scale != 1.0:
             out = out * f.residual_scale
-        x = cpu_kernels.add_rms_norm(out if f.reduce is None else f.reduce(out), residual, f.norm2, f.eps2)
+        if f.reduce is not None:
+            out = f.reduce(out)
+        if f.post_attn is not None:
+            out = cpu_kernels.add_rms_norm(None, out, f.post_attn, f.eps1)
+        x = cpu_kernels.add_rms_norm(out, residual, f.norm2, f.eps2)
         if f.experts is not None:
             out = f.experts(x)
             return residual, (out * f.residual_scale if f.residual_scale != 1.0 else out)
@@ -177,7 +188,11 @@ class DecoderLayer(nn.Module):
             out = f.down(f.act(gate) * up)
         if f.residual_scale != 1.0:
             out = out * f.residual_scale
-        return residual, (out if f.reduce is None else f.reduce(out))
+        if f.reduce is not None:
+            out = f.reduce(out)
+        if f.post_mlp is not None:
+            out = cpu_kernels.add_rms_norm(None, out, f.post_mlp, f.eps1)
+        return residual, out
 
 
 class DecoderForCausalLM(nn.Module):
@@ -248,9 +263,10 @@ class DecoderForCausalLM(nn.Module):
         return self.embed_tokens.weight if self.tie else self.lm_head.weight
 
     def use_fused_ops(self) -> None:
-        """The native CPU kernels' fused layer (DecoderLayer.forward_fused) for pre-norm
-        architectures; CPU only, and last, once the weights are loaded, packed or quantized."""
-        if not self.arch.plain:
+        """The native CPU kernels' fused layer (DecoderLayer.forward_fused) where it runs the
+        architecture (ArchSpec.fusable); CPU only, and last, once the weights are loaded,
+        packed or quantized."""
+        if not self.layers or not self.arch.fusable(self.layers[0].post_attention_layernorm.weight.dtype):
             return
         self.fused = True
         for layer in self.layers:
