@@ -50,18 +50,15 @@ inline void block_q(const uint8_t* b, vf* q) {
   if constexpr (QT == Q8_0 || QT == INT8_ROWS) {
     const uint8_t* p = b + (QT == Q8_0 ? 2 : 0);
     q[0] = from_i8(p), q[1] = from_i8(p + 16);
-  } else if constexpr (QT == Q5_0 || QT == Q5_1) {  // nibbles, and bit i of qh as weight i's 16
+  } else if constexpr (QT == Q5_0 || QT == Q5_1) {  // the 32 quants as bytes, then widened
     const int64_t at = QT == Q5_1 ? 4 : 2;
-    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + at + 4)));
-    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i low4 = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
-    const uint32_t qh = load_u32(b + at);
-    const __m512i h0 = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(qh)), lanes), one);
-    const __m512i h1 = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(qh >> 16)), lanes), one);
-    __m512i q0 = _mm512_or_si512(_mm512_and_si512(v, low4), _mm512_slli_epi32(h0, 4));
-    __m512i q1 = _mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_slli_epi32(h1, 4));
-    if constexpr (QT == Q5_0) q0 = _mm512_sub_epi32(q0, _mm512_set1_epi32(16)), q1 = _mm512_sub_epi32(q1, _mm512_set1_epi32(16));
-    q[0] = _mm512_cvtepi32_ps(q0), q[1] = _mm512_cvtepi32_ps(q1);
+    __m256i v = q5_bytes32(b + at + 4, load_u32(b + at));
+    if constexpr (QT == Q5_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(16));
+    const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    if constexpr (QT == Q5_0)
+      q[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), q[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
+    else
+      q[0] = from_u8(lo), q[1] = from_u8(hi);
   } else {  // a nibble indexes a table of its value: permutes read 4 index bits
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (QT == Q4_1 ? 4 : QT == MXFP4 ? 1 : 2)));
     const __m512i v = _mm512_cvtepu8_epi32(raw);
