@@ -113,9 +113,10 @@ class EngineConfig(BaseModel):
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     pipeline_parallel_size: int = Field(1, ge=1, le=64)
     # Compute on quantized weights (CPU, engine/models/quantize.py): "gguf" keeps a GGUF
-    # file's blocks, "int8" quantizes any checkpoint per output channel at load, "auto" is
-    # "gguf" where that loses nothing (quantize.auto) and the dense weights elsewhere.
-    quantization: Literal["auto", "gguf", "int8"] | None = None
+    # file's blocks, "mxfp4" a checkpoint's MXFP4 experts (gpt-oss as OpenAI ships it; every
+    # other GEMM dense), "int8" quantizes any checkpoint per output channel at load, "auto"
+    # is "gguf" or "mxfp4" where that loses nothing (quantize.auto), the dense weights elsewhere.
+    quantization: Literal["auto", "gguf", "mxfp4", "int8"] | None = None
     # With quantized weights, decode steps round each GEMM's activations to int8 per 32
     # values (as llama.cpp's and vLLM's GGUF kernels do) and take the products on integers:
     # faster batch-1 decode, each output off the exact one by at most half an int8 step of
@@ -137,7 +138,7 @@ class EngineConfig(BaseModel):
     def _check(self) -> "EngineConfig":
         if self.int8_activations and self.quantization is None:
             raise ParamError("int8_activations", "int8_activations rounds the activations of quantized GEMMs: "
-                             "it needs quantization 'gguf', 'int8' or 'auto'")
+                             "it needs quantization 'gguf', 'mxfp4', 'int8' or 'auto'")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "

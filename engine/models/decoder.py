@@ -210,6 +210,9 @@ class DecoderForCausalLM(nn.Module):
     # its GGUF reader makes of llama.cpp's merged ffn_*_exps), or gpt-oss's [E, in, out]
     # with gate and up columns interleaved (engine/models/weights.py reads both).
     interleaved_experts = False
+    # `quantization: mxfp4`: the loader keeps MXFP4 expert checkpoints as blocks rather than
+    # dequantizing them (engine/models/weights.py).
+    keep_mxfp4 = False
 
     @classmethod
     def checkpoint_name(cls, name: str) -> str | None:
@@ -277,7 +280,8 @@ class DecoderForCausalLM(nn.Module):
         never before); where packed_linear.glu_available, each silu gate/up with its activation."""
         for layer in self.layers:
             if isinstance(layer.mlp, SparseMoE):
-                layer.mlp.pack()  # each expert's GEMMs; its router and shared expert pack below
+                if not layer.mlp.packed:  # quantized experts (`mxfp4`) are their own modules already
+                    layer.mlp.pack()  # each expert's GEMMs; its router and shared expert pack below
                 continue
             gate_up = layer.mlp.gate_up_proj
             if layer.mlp.act_name == "silu" and packed_linear.glu_available(gate_up.weight.dtype):

@@ -194,7 +194,8 @@ def load_config(files: ModelFiles) -> PretrainedConfig:
     return registry.text_config(config)
 
 
-# Checkpoint quantization formats read here (dequantized at load): gpt-oss's MXFP4 experts.
+# Checkpoint quantization formats read here (dequantized at load, or computed on with
+# `quantization: mxfp4`): gpt-oss's MXFP4 experts.
 CHECKPOINT_QUANTIZATION = ("mxfp4",)
 
 
@@ -310,6 +311,7 @@ def build_model(
     torch.manual_seed(seed)
     with torch.device(device), _no_init():
         model = registry.model_class(config)(config, max_positions, dist)
+    model.keep_mxfp4 = quantization == "mxfp4"
     if dummy:
         with torch.no_grad():
             for name, p in model.named_parameters():
@@ -334,8 +336,8 @@ def build_model(
         from engine.models import quantize
 
         quantize.apply(model, quantization, files.source if files is not None else "", config, int8_activations)
-    elif packed_linear.supported(device, dtype):
-        model.pack_linears()
+    if quantization in (None, "mxfp4") and packed_linear.supported(device, dtype):
+        model.pack_linears()  # `mxfp4` keeps every GEMM but the experts dense
     if fused and device.type == "cpu":
         model.use_fused_ops()
     return model

@@ -22,9 +22,7 @@ BLOCK = 32  # values per scale
 NAN_SCALE = 255
 
 
-def dequantize(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> torch.Tensor:
-    """fp32 [..., G * 32] from blocks [..., G, 16] and scales [..., G]; a ValueError naming
-    `name` for a malformed pair or a scale out of range."""
+def _check_pair(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> None:
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
         raise ValueError(f"{name}_blocks and {name}_scales must be uint8, not {blocks.dtype} and {scales.dtype}")
     if blocks.shape[-1] != BLOCK // 2 or tuple(blocks.shape[:-1]) != tuple(scales.shape):
@@ -32,12 +30,32 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> torch.T
                          f"pair as [..., G, {BLOCK // 2}] and [..., G]")
     if bool((scales == NAN_SCALE).any()):
         raise ValueError(f"{name}_scales holds {NAN_SCALE}, which is NaN in E8M0: the checkpoint is damaged")
+
+
+def dequantize(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> torch.Tensor:
+    """fp32 [..., G * 32] from blocks [..., G, 16] and scales [..., G]; a ValueError naming
+    `name` for a malformed pair or a scale out of range."""
+    _check_pair(blocks, scales, name)
     lut = torch.tensor(E2M1, dtype=torch.float32)
     values = torch.stack((lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]), dim=-1).flatten(-2)
     out = torch.ldexp(values, scales.to(torch.int32)[..., None] - 127)
     if not bool(torch.isfinite(out).all()):
         raise ValueError(f"{name}_scales are out of range: a scale of 2^{int(scales.max()) - 127} overflows fp32")
     return out.flatten(-2)
+
+
+def to_gguf_blocks(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> torch.Tensor:
+    """Rows of the checkpoint's pairs (blocks [N, G, 16], scales [N, G]) as GGML's 17-byte
+    MXFP4 blocks, [N, G * 17], which the kernels compute on (`quantization: mxfp4`): the
+    same scale byte first, then the nibbles regrouped (a checkpoint byte holds values 2i
+    and 2i + 1 of its 32, a GGML byte values i and i + 16). The values are unchanged; a
+    ValueError as dequantize's for a malformed pair or a scale out of range."""
+    _check_pair(blocks, scales, name)
+    values = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).flatten(-2)  # [N, G, 32]
+    packed = values[..., :BLOCK // 2] | (values[..., BLOCK // 2:] << 4)
+    out = torch.cat((scales[..., None], packed), dim=-1).reshape(blocks.shape[0], -1)
+    check_gguf_blocks(out, name)
+    return out
 
 
 def check_gguf_blocks(data: torch.Tensor, name: str) -> None:

@@ -6,6 +6,9 @@ an expert layer's router stays dense.
 - "gguf": the GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and
   gpt-oss's MXFP4: every type the Q4_K_M, Q5_K_M, Q8_0 and legacy files hold), so the
   values are exactly those the file holds, which are the ones the fp32 path dequantizes;
+- "mxfp4": a checkpoint's MXFP4 experts (gpt-oss as OpenAI ships it) on their own blocks,
+  read as GGML's MXFP4 (engine/models/mxfp4.py to_gguf_blocks) and never dequantized;
+  every other GEMM stays dense, and so does the embedding;
 - "int8": per-output-channel symmetric int8, quantized at load from the fp32 weights of
   any checkpoint (a GGUF's dequantized values included).
 
@@ -26,7 +29,7 @@ from engine.models import gguf_config
 from engine.models.gguf_tensors import unpermute
 from kernels import quant
 
-MODES = ("gguf", "int8")
+MODES = ("gguf", "mxfp4", "int8")
 # Our fused projections and the GGUF tensors that fill them, in order; Phi-3's files hold
 # the fused tensors themselves (attn_qkv, and ffn_up with gate and up).
 GGUF_PARTS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "self_attn.o_proj": ("attn_output",),
@@ -138,11 +141,27 @@ def auto(config: Any) -> str | None:
         return None
     if _dtype(config.dtype, device) != torch.float32:
         return None
+    if _mxfp4_checkpoint(loader.named_file(config.model)):
+        return "mxfp4"
     try:
         preflight(loader.named_file(config.model))
     except ParamError:  # not a GGUF, or a block type without a kernel
         return None
     return "gguf"
+
+
+def _mxfp4_checkpoint(source: str) -> bool:
+    """Whether `source` is a model directory whose config says its experts are MXFP4."""
+    import json
+
+    config = Path(source) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        qc = json.loads(config.read_text()).get("quantization_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(qc, dict) and qc.get("quant_method") == "mxfp4"
 
 
 def check(mode: str | None, device: torch.device, dtype: torch.dtype, tp: int, pp: int) -> None:
@@ -166,6 +185,9 @@ def apply(model: Any, mode: str, source: str, config: Any, int8_activations: boo
     the head's included) rounds its decode rows' activations to int8."""
     from engine.models.layers.moe import SparseMoE
 
+    if mode == "mxfp4":
+        _mxfp4_experts(model, source, int8_activations)
+        return
     tensors = _tensors(source) if mode == "gguf" else {}
     if mode == "gguf":
         parts = _gguf_layers(model, tensors, config)
@@ -189,6 +211,27 @@ def apply(model: Any, mode: str, source: str, config: Any, int8_activations: boo
         for mod in model.modules():  # the experts are modules of their layer too
             if isinstance(mod, QuantLinear):
                 mod.use_int8_activations()
+
+
+def _mxfp4_experts(model: Any, source: str, int8_activations: bool) -> None:
+    """Every expert layer onto the MXFP4 blocks the loader kept (engine/models/weights.py),
+    with its biases; the dense expert tensors, never written, are dropped."""
+    from engine.models.layers.moe import SparseMoE
+
+    moes = [layer.mlp for layer in model.layers if isinstance(layer.mlp, SparseMoE)]
+    if not moes or any(set(moe.kept_mxfp4) != {"gate_up", "down"} for moe in moes):
+        raise ParamError("quantization", f"quantization 'mxfp4' computes on a checkpoint's MXFP4 experts "
+                         f"(gpt-oss's `*_blocks` and `*_scales`); {source!r} has none (a GGUF file takes 'gguf')")
+    for moe in moes:
+        hidden = moe.gate.in_features
+        pairs = []
+        for e, (gate_up, down) in enumerate(zip(moe.kept_mxfp4["gate_up"], moe.kept_mxfp4["down"])):
+            pairs.append((QuantLinear(gate_up, None, quant.MXFP4, hidden, moe.expert_bias("gate_up", e)),
+                          QuantLinear(down, None, quant.MXFP4, moe.inter, moe.expert_bias("down", e))))
+            if int8_activations:
+                pairs[-1][0].use_int8_activations(), pairs[-1][1].use_int8_activations()
+        moe.kept_mxfp4 = {}
+        moe.use_experts(pairs)
 
 
 def weight_bytes(model: nn.Module) -> int:

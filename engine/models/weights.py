@@ -179,6 +179,8 @@ def _load_stacked(model: DecoderForCausalLM, parts: list[str], src, pairs: dict[
             return []
         del pairs[f"{prefix}.experts.{base}"]
         src, scales = got["blocks"], got["scales"]
+        if model.keep_mxfp4:
+            return _keep_mxfp4(model, moe, f"{prefix}.experts.{base}", src, scales)
         expert = lambda e: mxfp4.dequantize(_row(src, e), _row(scales, e), f"{prefix}.experts.{base}")  # noqa: E731
     elif model.interleaved_experts and leaf in STACKED[::2]:  # gpt-oss's x @ W: a Linear's weight transposed
         expert = lambda e: _row(src, e).t()  # noqa: E731
@@ -204,6 +206,32 @@ def _load_stacked(model: DecoderForCausalLM, parts: list[str], src, pairs: dict[
         else:
             _copy(moe.experts_down[e], w[:, lo:hi], name)
             keys.append(f"{prefix}.experts_down#{e}")
+    return keys
+
+
+def _keep_mxfp4(model: DecoderForCausalLM, moe: SparseMoE, name: str, blocks, scales) -> list[str]:
+    """`quantization: mxfp4`: each expert's MXFP4 rows kept as GGML blocks in moe.kept_mxfp4
+    (gate rows before up rows, as the dense layout), for engine/models/quantize.py to
+    compute on; the dense expert tensors are never written. The keys the dense path counts."""
+    from engine.models import mxfp4
+
+    _check_experts(moe, blocks, name)
+    hidden = moe.gate.in_features
+    gate_up = name.endswith("gate_up_proj")
+    rows, cols = (2 * moe.inter, hidden) if gate_up else (hidden, moe.inter)
+    kept, keys = [], []
+    prefix = name.rsplit(".experts.", 1)[0]
+    for e in range(moe.spec.experts):
+        b, s = _row(blocks, e), _row(scales, e)
+        if tuple(b.shape) != (rows, cols // mxfp4.BLOCK, mxfp4.BLOCK // 2):
+            raise ValueError(f"weight {name}_blocks has expert shape {tuple(b.shape)}, expected "
+                             f"{(rows, cols // mxfp4.BLOCK, mxfp4.BLOCK // 2)}")
+        if gate_up and model.interleaved_experts:  # gate at the even rows, up at the odd
+            b, s = torch.cat((b[0::2], b[1::2])), torch.cat((s[0::2], s[1::2]))
+        kept.append(mxfp4.to_gguf_blocks(b, s, name))
+        keys += [f"{prefix}.experts_gate_up#{e}.0", f"{prefix}.experts_gate_up#{e}.1"] if gate_up else \
+            [f"{prefix}.experts_down#{e}"]
+    moe.kept_mxfp4["gate_up" if gate_up else "down"] = kept
     return keys
 
 

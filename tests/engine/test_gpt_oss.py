@@ -1,7 +1,7 @@
-"""gpt-oss as OpenAI ships it: experts in MXFP4, dequantized at load. The engine's greedy
-output equals transformers' own on the weights transformers' MXFP4 code dequantizes from
-the same bytes; damaged MXFP4 tensors and checkpoint formats the engine does not read are
-refused by name. (The unquantized architecture, sinks and windows included, is checked
+"""gpt-oss as OpenAI ships it: experts in MXFP4, dequantized at load or (`quantization:
+mxfp4`) computed on as blocks. The engine's greedy output equals transformers' own on the
+weights transformers' MXFP4 code dequantizes from the same bytes; damaged MXFP4 tensors
+and checkpoint formats the engine does not read are refused by name. (The unquantized architecture, sinks and windows included, is checked
 with the others in tests/engine/test_architectures.py.)"""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from engine import LLM
 from engine.errors import ParamError
+from kernels import quant
 from tests.support import arch_models
 from tests.support.oracle import engine_greedy, hf_greedy
 
@@ -69,6 +70,26 @@ def test_mxfp4_experts_match_transformers_dequantized(mxfp4_dir):
         assert stats.blocks_free == stats.blocks_total
 
 
+def test_mxfp4_experts_compute_on_their_own_blocks(mxfp4_dir):
+    """`quantization: mxfp4` keeps the experts as MXFP4 blocks (GGML's layout, which the
+    kernels read) and never writes them dense: transformers' tokens on the same values,
+    biases included; `auto` picks it in fp32; a checkpoint without MXFP4 experts is refused."""
+    hf = reference(mxfp4_dir)
+    prompts = torch.randint(3, 49152, (4, 30), generator=torch.Generator().manual_seed(11)).tolist()
+    with LLM(str(mxfp4_dir), dtype="float32", max_model_len=64, block_size=8, quantization="mxfp4") as llm:
+        moe = llm.engine.executor.runner.model.layers[0].mlp
+        assert moe.experts_gate_up is None and moe.experts_down is None
+        gate_up, down = moe.expert_modules[0]
+        assert (gate_up.qtype, down.qtype) == (quant.MXFP4, quant.MXFP4) and gate_up.bias is not None
+        assert gate_up.qweight.shape == (2 * 64, 64 // 32 * 17)  # [2 I, hidden / 32 blocks of 17 bytes]
+        assert engine_greedy(llm, prompts, 12, ignore_eos=True) == hf_greedy(hf, prompts, 12, None)
+    with LLM(str(mxfp4_dir), dtype="float32", max_model_len=64, quantization="auto") as llm:
+        assert llm.engine.config.quantization == "mxfp4"
+    with pytest.raises(ParamError) as e:  # reference() wrote the same model with dense experts
+        LLM(str(mxfp4_dir.parent / "reference"), dtype="float32", max_model_len=64, quantization="mxfp4")
+    assert e.value.param == "quantization" and "has none" in str(e.value)
+
+
 def damaged(src, tmp_path, change) -> str:
     path = tmp_path / "damaged"
     shutil.copytree(src, path)
@@ -92,10 +113,12 @@ def test_damaged_mxfp4_tensors_are_refused_by_name(mxfp4_dir, tmp_path):
         del w[f"{name}_scales"]
 
     for change, words in ((nan_scale, "NaN in E8M0"), (overflowing, "out of range"), (unpaired, "missing")):
-        with pytest.raises(ParamError) as e:
-            LLM(damaged(mxfp4_dir, tmp_path / change.__name__, change), dtype="float32", max_model_len=64)
-        assert e.value.param == "model" and "layers.1.mlp.experts.gate_up_proj" in str(e.value), str(e.value)
-        assert words in str(e.value), str(e.value)
+        path = damaged(mxfp4_dir, tmp_path / change.__name__, change)
+        for quantization in (None, "mxfp4"):  # dequantized, or kept as blocks
+            with pytest.raises(ParamError) as e:
+                LLM(path, dtype="float32", max_model_len=64, quantization=quantization)
+            assert e.value.param == "model" and "layers.1.mlp.experts.gate_up_proj" in str(e.value), str(e.value)
+            assert words in str(e.value), str(e.value)
 
 
 def test_a_checkpoint_format_not_read_and_a_bad_top_k_are_refused(mxfp4_dir, tmp_path):

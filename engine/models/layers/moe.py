@@ -43,6 +43,9 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
         # each expert's two projections as prepacked GEMMs, once packed (CPU: engine/models/packed_linear.py)
         self.packed: list[tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = []
+        # `quantization: mxfp4`: each expert's checkpoint MXFP4 rows as GGML blocks, by
+        # projection, until engine/models/quantize.py computes on them
+        self.kept_mxfp4: dict[str, list[torch.Tensor]] = {}
 
     def pack(self) -> None:
         """Prepack every expert's weights for oneDNN or the native GEMM, as the dense
