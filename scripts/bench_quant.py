@@ -14,9 +14,12 @@ qgemm.cpp's), whose crossover sets quant.cpp's few_rows_kernel.
     python scripts/bench_quant.py --rss
     python scripts/bench_quant.py --shape qwen3-0.6b --rows 1 --types Q4_K,Q6_K,Q8_0,Q4_0
 
-`--rss` instead loads the embedded model with each setting (null, gguf, int8) in a fresh
-process and reports its resident memory after loading, beside the weight bytes the
-engine reports: what a replica costs before any KV cache.
+`--rss` instead loads the embedded model (or `--model`) with each setting (`--modes`,
+default null, gguf, int8) in a fresh process and reports its resident memory after
+loading, beside the weight bytes the engine reports: what a replica costs before any KV
+cache.
+
+    python scripts/bench_quant.py --rss --model /tmp/gpt-oss-shape --modes ,mxfp4
 """
 
 from __future__ import annotations
@@ -70,17 +73,17 @@ def best_ms(fn, repeats: int) -> float:
 LOAD = """
 import json, sys
 from engine import LLM
-llm = LLM(None, dtype="float32", quantization=sys.argv[1] or None, kv_cache_memory_bytes=16 << 20)
+llm = LLM(sys.argv[2] or None, dtype="float32", quantization=sys.argv[1] or None, kv_cache_memory_bytes=64 << 20, max_model_len=512)
 rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:"))
 print(json.dumps({"rss_mb": rss / 1024, "weight_mb": llm.stats().weight_bytes / 1e6}))
 """
 
 
-def rss() -> None:
+def rss(model: str, modes: str) -> None:
     """Each setting in its own process: RSS after loading against the weights' own bytes."""
     print(f"{'setting':>8} {'weights MB':>11} {'RSS MB':>8}")
-    for mode in ("", "gguf", "int8"):
-        out = subprocess.run([sys.executable, "-c", LOAD, mode], capture_output=True, text=True, check=True)
+    for mode in modes.split(","):
+        out = subprocess.run([sys.executable, "-c", LOAD, mode, model], capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"{mode or 'null':>8} {r['weight_mb']:11.1f} {r['rss_mb']:8.1f}")
 
@@ -92,11 +95,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--both", action="store_true", help="also each kernel forced at every row count")
     ap.add_argument("--rss", action="store_true", help="resident memory after loading, per setting")
+    ap.add_argument("--model", default="", help="--rss: this model instead of the embedded one")
+    ap.add_argument("--modes", default=",gguf,int8", help="--rss: the quantization settings, '' for null")
     ap.add_argument("--a8", action="store_true", help="also each type with int8 activations (decode rows)")
     ap.add_argument("--shape", help="a dense shape of scripts/model_shapes.py instead of the embedded model's")
     args = ap.parse_args()
     if args.rss:
-        return rss()
+        return rss(args.model, args.modes)
     gen = torch.Generator().manual_seed(0)
     layer, head = shape_gemms(args.shape) if args.shape else (LAYER, HEAD)
     shapes = layer + [head]

@@ -26,8 +26,7 @@ SHAPES: dict[str, dict] = {
 
 
 def write(shape: str, out: Path) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoConfig, PreTrainedTokenizerFast
+    from transformers import AutoConfig
 
     out.mkdir(parents=True, exist_ok=True)
     sizes = dict(SHAPES[shape])
@@ -36,13 +35,20 @@ def write(shape: str, out: Path) -> Path:
                                   rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
     config.architectures = [{"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[model_type]]
     config.save_pretrained(out)
-    vocab = {f"t{i}": i for i in range(sizes["vocab_size"])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    save_tokenizer(out, sizes["vocab_size"])
+    (out / "shape.json").write_text(json.dumps({"shape": shape, **SHAPES[shape]}))
+    return out
+
+
+def save_tokenizer(out: Path, vocab_size: int) -> None:
+    """A word-level tokenizer of `vocab_size` tokens t0, t1, ...: benchmarks feed token ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2")
     fast.save_pretrained(out)
-    (out / "shape.json").write_text(json.dumps({"shape": shape, **SHAPES[shape]}))
-    return out
 
 
 if __name__ == "__main__":

@@ -207,6 +207,7 @@ def apply(model: Any, mode: str, source: str, config: Any, int8_activations: boo
     else:
         model.head = table
     model.embed_tokens = QuantEmbedding(table)
+    _READERS.clear()  # its mapping of the file: every block is copied out by now
     if int8_activations:
         for mod in model.modules():  # the experts are modules of their layer too
             if isinstance(mod, QuantLinear):
@@ -235,12 +236,16 @@ def _mxfp4_experts(model: Any, source: str, int8_activations: bool) -> None:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the quantized weights (the head counted once when tied)."""
+    """Bytes of a quantized model's weights: its blocks (the head counted once when tied)
+    and every parameter left dense (norms, routers; under `mxfp4` all but the experts).
+    0 for a model without quantized weights."""
     seen: dict[int, int] = {}
     for mod in model.modules():
         if isinstance(mod, QuantLinear):  # a QuantConcat's parts are among the modules
             seen[id(mod)] = mod.qweight.numel() * mod.qweight.element_size()
-    return sum(seen.values())
+    if not seen:
+        return 0
+    return sum(seen.values()) + sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def _int8(linear: nn.Module) -> QuantLinear:

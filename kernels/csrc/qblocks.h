@@ -96,6 +96,44 @@ inline uint32_t load_u32(const uint8_t* p) {
   return v;
 }
 
+#ifdef PAGEDSERVE_AVX2
+// 16 packed nibbles -> 32 unsigned bytes: low nibbles are weights 0-15, high ones 16-31.
+inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+}
+
+// A 32-bit word's bits as 32 bytes, bit i -> byte i: 16 where it is set, else 0.
+inline __m256i sixteens32(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(  // byte i <- the word's byte i / 8
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));  // byte i <- bit i % 8
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask), _mm256_set1_epi8(16));
+}
+
+// Q5_0's and Q5_1's 32 quants (0-31) as unsigned bytes: nibbles at qs, fifth bits in qh.
+inline __m256i q5_bytes32(const uint8_t* qs, uint32_t qh) { return _mm256_or_si256(nibbles32(qs), sixteens32(qh)); }
+
+// MXFP4's 32 values (doubled E2M1, -12..12) as signed bytes: each nibble looked up.
+inline __m256i mxfp4_bytes32(const uint8_t* qs) {
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(MXFP4_VALUES));
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nibbles32(qs));
+}
+
+// 32 bytes (unsigned, or signed) as floats q * d + m.
+inline void bytes32_to(__m256i v, bool is_signed, float d, float m, float* out) {
+  const __m128i a = _mm256_castsi256_si128(v), b = _mm256_extracti128_si256(v, 1);
+  const __m128i parts[4] = {a, _mm_srli_si128(a, 8), b, _mm_srli_si128(b, 8)};
+  const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+  for (int i = 0; i < 4; ++i) {
+    const __m256i w = is_signed ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]);
+    _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(w), vd, vm));
+  }
+}
+#endif
+
 // 16 packed nibbles -> 32 floats q * d + m: low nibbles are weights 0-15, high ones 16-31.
 inline void nibbles(const uint8_t* qs, float d, float m, float* out) {
 #ifdef PAGEDSERVE_AVX2
@@ -165,6 +203,10 @@ inline void dequant_k(const uint8_t* b, float* out) {
 // Q5_0 and Q5_1: Q4's nibbles with a fifth bit per weight (bit i of qh on weight i), the
 // values q * d + m (Q5_0's m is -16d).
 inline void dequant_q5(const uint8_t* qs, uint32_t qh, float d, float m, float* out) {
+#ifdef PAGEDSERVE_AVX2
+  bytes32_to(q5_bytes32(qs, qh), false, d, m, out);  // q * d is exact (a 5-bit q, an fp16 d): one rounding either way
+  return;
+#endif
   for (int j = 0; j < 16; ++j) {
     out[j] = ((qs[j] & 0x0f) | (((qh >> j) & 1) << 4)) * d + m;
     out[j + 16] = ((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) * d + m;
@@ -173,6 +215,10 @@ inline void dequant_q5(const uint8_t* qs, uint32_t qh, float d, float m, float* 
 
 inline void dequant_mxfp4(const uint8_t* b, float* out) {
   const float s = e8m0_half(b[0]);
+#ifdef PAGEDSERVE_AVX2
+  bytes32_to(mxfp4_bytes32(b + 1), true, s, 0.f, out);
+  return;
+#endif
   for (int j = 0; j < 16; ++j) {
     out[j] = MXFP4_VALUES[b[1 + j] & 0x0f] * s;
     out[j + 16] = MXFP4_VALUES[b[1 + j] >> 4] * s;
@@ -261,31 +307,6 @@ inline void check_weights(const at::Tensor& w, int64_t qtype, int64_t K) {
 }
 
 #ifdef PAGEDSERVE_AVX2
-// 16 packed nibbles -> 32 unsigned bytes: low nibbles are weights 0-15, high ones 16-31.
-inline __m256i nibbles32(const uint8_t* qs) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
-}
-
-// A 32-bit word's bits as 32 bytes, bit i -> byte i: 16 where it is set, else 0.
-inline __m256i sixteens32(uint32_t bits) {
-  const __m256i spread = _mm256_shuffle_epi8(  // byte i <- the word's byte i / 8
-      _mm256_set1_epi32(static_cast<int>(bits)),
-      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-  const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));  // byte i <- bit i % 8
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask), _mm256_set1_epi8(16));
-}
-
-// Q5_0's and Q5_1's 32 quants (0-31) as unsigned bytes: nibbles at qs, fifth bits in qh.
-inline __m256i q5_bytes32(const uint8_t* qs, uint32_t qh) { return _mm256_or_si256(nibbles32(qs), sixteens32(qh)); }
-
-// MXFP4's 32 values (doubled E2M1, -12..12) as signed bytes: each nibble looked up.
-inline __m256i mxfp4_bytes32(const uint8_t* qs) {
-  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(MXFP4_VALUES));
-  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nibbles32(qs));
-}
-
 inline float hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
