@@ -146,7 +146,7 @@ def _register_fakes() -> None:
         return None
 
     @torch.library.register_fake(lib + "rope_qk")
-    def _(qkv, cos, sin, H, Hkv, d):
+    def _(qkv, cos, sin, H, Hkv, d, norm=None, eps=0.0):
         n = qkv.shape[0]
         return qkv.new_empty(n, H, d), qkv.new_empty(n, Hkv, d)
 
@@ -263,10 +263,12 @@ def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.T
 
 
 def rope_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
-            head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+            head_dim: int, norm: torch.Tensor | None = None, eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary q [n, H, D] and k [n, Hkv, D] from a fused qkv projection; cos/sin [n, rot],
-    rot <= D: a partial rotary turns the first rot dims of each head and keeps the rest."""
-    return op("rope_qk")(qkv, cos, sin, num_heads, num_kv_heads, head_dim)
+    rot <= D: a partial rotary turns the first rot dims of each head and keeps the rest.
+    `norm` (fp32 [H + Hkv, D]): each head RMS-normed (fp32, times its weight, rounded
+    once) before it turns."""
+    return op("rope_qk")(qkv, cos, sin, num_heads, num_kv_heads, head_dim, norm, eps)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -154,12 +154,8 @@ class DecoderLayer(nn.Module):
         x = cpu_kernels.add_rms_norm(pending, residual, f.norm1, f.eps1)
         n = x.shape[0]
         qkv = f.qkv(x)
-        if f.qk_norm is not None:  # per-head RMSNorm of q and k, in place, before the rotary
-            qk = qkv[:, :f.v_at].view(n, f.heads + f.kv_heads, f.head_dim)
-            h = qk.float()
-            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + f.qk_eps)
-            qk.copy_(h * f.qk_norm if f.qk_norm.dtype == qk.dtype else (h * f.qk_norm).to(qk.dtype))
-        q, k = cpu_kernels.rope_qk(qkv, cos, sin, f.heads, f.kv_heads, f.head_dim)
+        # per-head RMSNorm of q and k (Qwen3, Gemma 3) inside the rotary's pass
+        q, k = cpu_kernels.rope_qk(qkv, cos, sin, f.heads, f.kv_heads, f.head_dim, f.qk_norm, f.qk_eps)
         v = qkv[:, f.v_at:].view(n, f.kv_heads, f.head_dim)
         k_cache, v_cache = kv_cache
         backend = meta.backend

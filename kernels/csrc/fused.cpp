@@ -125,8 +125,12 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 
 // Rotary embedding (rotate-half, as Llama) of the q and k parts of a fused qkv
 // projection, written out contiguous: one pass where eager torch makes four per tensor.
+// With `norm` (fp32 [H + Hkv, D], each head's weight: Qwen3's and Gemma 3's q/k norms),
+// each head is first RMS-normed in fp32, times its weight, and rounded once to the model
+// dtype, as the eager form did in seven operations a layer.
 std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
-                                           int64_t H, int64_t Hkv, int64_t D) {
+                                           int64_t H, int64_t Hkv, int64_t D, const c10::optional<at::Tensor>& norm,
+                                           double eps) {
   // Partial rotary (cos/sin narrower than a head): the first `rot` dims of each head turn
   // in pairs (i, i + rot / 2), the rest pass through.
   TORCH_CHECK(qkv.dim() == 2 && cos.dim() == 2 && cos.is_contiguous() && sin.is_contiguous(),
@@ -134,6 +138,12 @@ std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& qkv, const at::Tens
   const int64_t n = qkv.size(0), rot = cos.size(1), half = rot / 2;
   TORCH_CHECK(rot <= D && rot % 2 == 0 && qkv.size(1) >= (H + Hkv) * D && qkv.stride(1) == 1,
               "rotary dims must be even and at most head_dim, qkv rows dense");
+  const bool normed = norm.has_value() && norm->defined();
+  TORCH_CHECK(!normed || (norm->scalar_type() == at::kFloat && norm->is_contiguous() && norm->numel() == (H + Hkv) * D),
+              "norm must be fp32 [H + Hkv, D]");
+  TORCH_CHECK(D <= 1024, "head_dim at most 1024");
+  const float* nw = normed ? norm->data_ptr<float>() : nullptr;
+  const float feps = static_cast<float>(eps);
   auto q = at::empty({n, H, D}, qkv.options());
   auto k = at::empty({n, Hkv, D}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_qk", [&] {
@@ -150,6 +160,24 @@ std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& qkv, const at::Tens
         for (int64_t h = 0; h < H + Hkv; ++h) {
           const scalar_t* x = in + t * row + h * D;
           scalar_t* o = h < H ? qo + (t * H + h) * D : ko + (t * Hkv + h - H) * D;
+          if (nw != nullptr) {  // the head normed into a float row, then turned from it
+            float buf[1024];
+            float ss = 0.f;
+            _Pragma("omp simd reduction(+ : ss)") for (int64_t i = 0; i < D; ++i) {
+              buf[i] = load_f(x, i);
+              ss += buf[i] * buf[i];
+            }
+            const float inv = 1.f / std::sqrt(ss / static_cast<float>(D) + feps);
+            const float* w = nw + h * D;
+            _Pragma("omp simd") for (int64_t i = 0; i < D; ++i) buf[i] = round_f<scalar_t>(buf[i] * inv * w[i]);
+            _Pragma("omp simd") for (int64_t i = 0; i < half; ++i) {
+              const float a = buf[i], b = buf[i + half];
+              store_f(o, i, a * load_f(c, i) - b * load_f(s, i));
+              store_f(o, i + half, b * load_f(c, i + half) + a * load_f(s, i + half));
+            }
+            for (int64_t i = rot; i < D; ++i) store_f(o, i, buf[i]);
+            continue;
+          }
           _Pragma("omp simd") for (int64_t i = 0; i < half; ++i) {
             const float a = load_f(x, i), b = load_f(x, i + half);
             store_f(o, i, a * load_f(c, i) - b * load_f(s, i));
@@ -190,7 +218,8 @@ TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
   m.def("add_rms_norm(Tensor? x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("bind_threads(Tensor cores) -> int");
-  m.def("rope_qk(Tensor qkv, Tensor cos, Tensor sin, int H, int Hkv, int D) -> (Tensor, Tensor)");
+  m.def("rope_qk(Tensor qkv, Tensor cos, Tensor sin, int H, int Hkv, int D, Tensor? norm=None, float eps=0.0) "
+        "-> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {

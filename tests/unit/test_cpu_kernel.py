@@ -198,3 +198,26 @@ def test_silu_mul_and_add_rms_norm_match_torch(dtype, n):
     assert torch.equal(residual, h)  # updated in place
     ulp = {BF16: 2**-7, F16: 2**-10, F32: 1e-5}[dtype]
     torch.testing.assert_close(got, want, atol=1e-6, rtol=ulp)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_rope_qk_norms_each_head_first(dtype):
+    """Qwen3's and Gemma 3's per-head q/k RMSNorm inside the rotary's pass: each head
+    normed in fp32, times its own weight, rounded once to the dtype, then turned (a
+    partial rotary here, so the unturned dims show the norm too), as the eager
+    operations give it within fp32 rounding."""
+    gen = torch.Generator().manual_seed(12)
+    n, heads, kv_heads, d, rot = 5, 4, 2, 64, 32
+    qkv = (torch.randn(n, (heads + 2 * kv_heads) * d, generator=gen) * 3).to(dtype)
+    cos, sin = torch.randn(n, rot, generator=gen).to(dtype), torch.randn(n, rot, generator=gen).to(dtype)
+    norm = torch.rand(heads + kv_heads, d, generator=gen) + 0.5
+    qk = qkv[:, :(heads + kv_heads) * d].view(n, heads + kv_heads, d).float()
+    normed = (qk * torch.rsqrt(qk.pow(2).mean(-1, keepdim=True) + 1e-6) * norm).to(dtype)
+    eager = qkv.clone()
+    eager[:, :(heads + kv_heads) * d] = normed.reshape(n, -1)
+    want_q, want_k = cpu.rope_qk(eager, cos, sin, heads, kv_heads, d)
+    got_q, got_k = cpu.rope_qk(qkv, cos, sin, heads, kv_heads, d, norm, 1e-6)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == F32 else dict(atol=0.05, rtol=0.02)
+    torch.testing.assert_close(got_q, want_q, **tol)
+    torch.testing.assert_close(got_k, want_k, **tol)
+    assert not torch.allclose(got_q, cpu.rope_qk(qkv, cos, sin, heads, kv_heads, d)[0], atol=0.1)
