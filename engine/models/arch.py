@@ -7,8 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-
 
 @dataclass(frozen=True)
 class MoESpec:
@@ -74,15 +72,15 @@ class ArchSpec:
     moe: MoESpec | None = None
     sinks: bool = False  # a learned logit per head in every attention softmax (gpt-oss)
 
-    def fusable(self, dtype: torch.dtype) -> bool:
+    def fusable(self) -> bool:
         """Whether the native fused layer (DecoderLayer.forward_fused) runs this layer shape:
-        Llama's (its MLP dense or experts), or Gemma's sandwich norms in fp32, where the
-        kernel's norm (weight times the rounded normalised x) is Gemma's (rounding after)."""
+        Llama's (its MLP dense or experts), or Gemma's sandwich norms (their fp32 weights
+        applied before the rounding, as Gemma does)."""
         if self.qk_norm == "all" or self.sinks:
             return False
         if self.norms == "pre":
             return not self.late_cast
-        return self.norms == "sandwich" and dtype == torch.float32
+        return self.norms == "sandwich"
 
 
 def layer_windows(config, all_layers: bool = False) -> tuple[int, ...]:

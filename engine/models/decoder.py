@@ -118,8 +118,8 @@ class DecoderLayer(nn.Module):
         moe = isinstance(mlp, SparseMoE)
         qk_norm = None
         if attn.qk_norm == "head":
-            qk_norm = torch.cat([attn.q_norm.effective_weight().expand(attn.num_heads, -1),
-                                 attn.k_norm.effective_weight().expand(attn.num_kv_heads, -1)]).float()
+            qk_norm = torch.cat([attn.q_norm.effective_weight().float().expand(attn.num_heads, -1),
+                                 attn.k_norm.effective_weight().float().expand(attn.num_kv_heads, -1)])
         sandwich = self.spec.norms == "sandwich"
         norm2 = self.pre_feedforward_layernorm if sandwich else self.post_attention_layernorm
         self.flat = Flat(
@@ -265,7 +265,7 @@ class DecoderForCausalLM(nn.Module):
         """The native CPU kernels' fused layer (DecoderLayer.forward_fused) where it runs the
         architecture (ArchSpec.fusable); CPU only, and last, once the weights are loaded,
         packed or quantized."""
-        if not self.layers or not self.arch.fusable(self.layers[0].post_attention_layernorm.weight.dtype):
+        if not self.arch.fusable():
             return
         self.fused = True
         for layer in self.layers:

@@ -23,9 +23,12 @@ using pagedserve::store_f;
 
 // residual = x + residual (in the model dtype), out = weight * rmsnorm(residual). The
 // AVX-512 loops do the scalar ones' arithmetic sixteen lanes at a time (the compiler had
-// left the bf16 loops scalar); the scalar loops finish each row's tail.
-template <typename T>
-void add_rms_norm_row(const T* x, T* h, const T* w, T* o, int64_t n, float eps, bool add) {
+// left the bf16 loops scalar); the scalar loops finish each row's tail. W is the weight's
+// type: T (Llama: the normalised x rounded, then weighted) or float (Gemma, OLMo 2: the
+// fp32 weight applied first, one rounding after).
+template <typename T, typename W>
+void add_rms_norm_row(const T* x, T* h, const W* w, T* o, int64_t n, float eps, bool add) {
+  constexpr bool late = std::is_same<W, float>::value && !std::is_same<T, float>::value;
   int64_t i0 = 0;
   float ss = 0.f;
 #if defined(__AVX512F__)
@@ -50,33 +53,49 @@ void add_rms_norm_row(const T* x, T* h, const T* w, T* o, int64_t n, float eps, 
   int64_t i = 0;
 #if defined(__AVX512F__)
   const __m512 invv = _mm512_set1_ps(inv);
-  if constexpr (pagedserve::kLanes16<T>) for (; i + 16 <= n; i += 16)
-    pagedserve::store16(o + i, _mm512_mul_ps(pagedserve::load16(w + i),
-                                             pagedserve::round16<T>(_mm512_mul_ps(pagedserve::load16(h + i), invv))));
+  if constexpr (pagedserve::kLanes16<T>) for (; i + 16 <= n; i += 16) {
+    const __m512 normed = _mm512_mul_ps(pagedserve::load16(h + i), invv);
+    pagedserve::store16(o + i, late ? _mm512_mul_ps(normed, pagedserve::load16(w + i))
+                                    : _mm512_mul_ps(pagedserve::load16(w + i), pagedserve::round16<T>(normed)));
+  }
 #endif
+  if constexpr (late) {
 #pragma omp simd
-  for (int64_t j = i; j < n; ++j) store_f(o, j, load_f(w, j) * round_f<T>(load_f(h, j) * inv));
+    for (int64_t j = i; j < n; ++j) store_f(o, j, load_f(h, j) * inv * w[j]);
+  } else {
+#pragma omp simd
+    for (int64_t j = i; j < n; ++j) store_f(o, j, load_f(w, j) * round_f<T>(load_f(h, j) * inv));
+  }
 }
 
-template <typename T>
-void add_rms_norm_impl(const T* x, T* res, const T* w, T* out, int64_t rows, int64_t n, float eps, bool add) {
+template <typename T, typename W>
+void add_rms_norm_impl(const T* x, T* res, const W* w, T* out, int64_t rows, int64_t n, float eps, bool add) {
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) add_rms_norm_row(x + r * n, res + r * n, w, out + r * n, n, eps, add);
   });
 }
 
 // Returns weight * rmsnorm(residual + x) and updates residual in place; x may be undefined
-// (then residual is only normalised, for the first layer).
+// (then residual is only normalised, for the first layer). An fp32 weight with a bf16 or
+// fp16 residual multiplies before the rounding (Gemma's and OLMo 2's order).
 at::Tensor add_rms_norm(const c10::optional<at::Tensor>& x, at::Tensor residual, const at::Tensor& weight,
                         double eps) {
   TORCH_CHECK(residual.is_contiguous() && weight.is_contiguous(), "contiguous tensors only");
+  TORCH_CHECK(weight.scalar_type() == residual.scalar_type() || weight.scalar_type() == at::kFloat,
+              "the weight is the residual's dtype or fp32");
   const int64_t n = residual.size(-1), rows = residual.numel() / n;
   auto out = at::empty_like(residual);
   const bool add = x.has_value() && x->defined();
   at::Tensor xc = add ? x->contiguous() : residual;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, residual.scalar_type(), "add_rms_norm", [&] {
-    add_rms_norm_impl<scalar_t>(xc.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
-                                out.data_ptr<scalar_t>(), rows, n, static_cast<float>(eps), add);
+    if (weight.scalar_type() == at::kFloat)
+      add_rms_norm_impl<scalar_t, float>(xc.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(),
+                                         weight.data_ptr<float>(), out.data_ptr<scalar_t>(), rows, n,
+                                         static_cast<float>(eps), add);
+    else
+      add_rms_norm_impl<scalar_t, scalar_t>(xc.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(),
+                                            weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, n,
+                                            static_cast<float>(eps), add);
   });
   return out;
 }

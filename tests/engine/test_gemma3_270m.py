@@ -47,3 +47,21 @@ def test_gemma3_270m_matches_transformers_past_its_window(gemma):
     blocks = LLM(TAG, dtype="float32", max_model_len=1024, max_num_batched_tokens=256, quantization="auto")
     assert blocks.engine.config.quantization == "gguf"
     assert engine_greedy(blocks, prompts, 10, ignore_eos=True) == want
+
+
+def test_gemma3_270m_in_bf16_runs_fused_with_the_module_paths_tokens(gemma, monkeypatch):
+    """In bf16 Gemma's layer runs the fused native path too, its norms' fp32 (1 + w)
+    applied before the rounding as Gemma's own norm does: the greedy tokens of the same
+    model run layer by layer through its modules."""
+    from engine.models.arch import ArchSpec
+
+    _, tokenizer = gemma
+    prompts = long_prompts(tokenizer, 2, 48)
+    fused = LLM(TAG, dtype="bfloat16", max_model_len=256, quantization=None)
+    assert fused.engine.executor.runner.model.fused
+    got = engine_greedy(fused, prompts, 16, ignore_eos=True)
+    del fused
+    monkeypatch.setattr(ArchSpec, "fusable", lambda self: False)
+    modules = LLM(TAG, dtype="bfloat16", max_model_len=256, quantization=None)
+    assert not modules.engine.executor.runner.model.fused
+    assert got == engine_greedy(modules, prompts, 16, ignore_eos=True)

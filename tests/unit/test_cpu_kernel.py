@@ -221,3 +221,19 @@ def test_rope_qk_norms_each_head_first(dtype):
     torch.testing.assert_close(got_q, want_q, **tol)
     torch.testing.assert_close(got_k, want_k, **tol)
     assert not torch.allclose(got_q, cpu.rope_qk(qkv, cos, sin, heads, kv_heads, d)[0], atol=0.1)
+
+
+def test_add_rms_norm_with_an_fp32_weight_rounds_once_after_it():
+    """Gemma's norm in bf16: (x / rms(x)) times the fp32 weight (1 + w), rounded once,
+    where Llama's rounds the normalised x before its bf16 weight multiplies it."""
+    gen = torch.Generator().manual_seed(21)
+    x, residual = torch.randn(3, 80, generator=gen).to(BF16), torch.randn(3, 80, generator=gen).to(BF16)
+    weight = torch.randn(80, generator=gen) * 0.3 + 1  # fp32
+    summed = residual + x
+    h = summed.float()
+    want = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * weight).to(BF16)
+    got = cpu.add_rms_norm(x, residual, weight, 1e-6)
+    assert torch.equal(residual, summed)  # the residual add, in bf16, in place
+    torch.testing.assert_close(got, want, atol=0.02, rtol=0.01)
+    early = cpu.add_rms_norm(None, summed.clone(), weight.to(BF16), 1e-6)  # Llama's order
+    assert (got.float() - want.float()).abs().sum() < (early.float() - want.float()).abs().sum()

@@ -28,5 +28,9 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
     def effective_weight(self) -> torch.Tensor:
-        """The weight the normalised x is multiplied by, for the fused kernels."""
+        """The weight the normalised x is multiplied by, for the fused kernels: in fp32
+        where the form multiplies before rounding (late_cast, as the native kernels do
+        for an fp32 weight), else in the model dtype."""
+        if self.late_cast:
+            return self.weight.float() + self.offset
         return self.weight + self.offset if self.offset else self.weight
