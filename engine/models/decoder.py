@@ -138,8 +138,8 @@ class DecoderLayer(nn.Module):
 
     def forward_fused(self, residual, pending, cos, sin, kv_cache, meta,
                       keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same layer (pre-norm and, in fp32, sandwich-norm architectures) on the native
-        CPU kernels: each residual add fused into the norm after it (`residual` updated in
+        """The same layer (pre-norm and sandwich-norm architectures) on the native CPU
+        kernels: each residual add fused into the norm after it (`residual` updated in
         place, the MLP output, Gemma's normed, returned as the next layer's `pending`; Gemma's
         attention output normed before it joins the residual), the rotary fused, and written flat, with no
         nn.Module call or module attribute lookup inside: at batch 1 on quantized weights

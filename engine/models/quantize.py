@@ -225,12 +225,12 @@ def _mxfp4_experts(model: Any, source: str, int8_activations: bool) -> None:
                          f"(gpt-oss's `*_blocks` and `*_scales`); {source!r} has none (a GGUF file takes 'gguf')")
     for moe in moes:
         hidden = moe.gate.in_features
-        pairs = []
-        for e, (gate_up, down) in enumerate(zip(moe.kept_mxfp4["gate_up"], moe.kept_mxfp4["down"])):
-            pairs.append((QuantLinear(gate_up, None, quant.MXFP4, hidden, moe.expert_bias("gate_up", e)),
-                          QuantLinear(down, None, quant.MXFP4, moe.inter, moe.expert_bias("down", e))))
-            if int8_activations:
-                pairs[-1][0].use_int8_activations(), pairs[-1][1].use_int8_activations()
+        pairs = [(QuantLinear(gate_up, None, quant.MXFP4, hidden, moe.expert_bias("gate_up", e)),
+                  QuantLinear(down, None, quant.MXFP4, moe.inter, moe.expert_bias("down", e)))
+                 for e, (gate_up, down) in enumerate(zip(moe.kept_mxfp4["gate_up"], moe.kept_mxfp4["down"]))]
+        if int8_activations:
+            for linear in (m for pair in pairs for m in pair):
+                linear.use_int8_activations()
         moe.kept_mxfp4 = {}
         moe.use_experts(pairs)
 
