@@ -74,13 +74,10 @@ class ArchSpec:
 
     def fusable(self) -> bool:
         """Whether the native fused layer (DecoderLayer.forward_fused) runs this layer shape:
-        Llama's (its MLP dense or experts), or Gemma's sandwich norms (their fp32 weights
-        applied before the rounding, as Gemma does)."""
-        if self.qk_norm == "all" or self.sinks:
-            return False
-        if self.norms == "pre":
-            return not self.late_cast
-        return self.norms == "sandwich"
+        norms before attention and MLP (Llama's, its MLP dense or experts; gpt-oss's, with
+        sinks), or Gemma's sandwich norms; a late_cast norm's fp32 weight applies before the
+        rounding there too. OLMo 2's norms after each, over all heads, stay eager."""
+        return self.qk_norm != "all" and self.norms in ("pre", "sandwich")
 
 
 def layer_windows(config, all_layers: bool = False) -> tuple[int, ...]:

@@ -75,6 +75,7 @@ class Flat:
     scale: float
     window: int
     softcap: float
+    sinks: torch.Tensor | None  # gpt-oss's per-head sink logits, fp32
     residual_scale: float
     reduce: Callable[[torch.Tensor], torch.Tensor] | None  # the tensor-parallel all-reduce, if any
 
@@ -133,8 +134,8 @@ class DecoderLayer(nn.Module):
             down=None if moe else mlp.down_proj.forward, experts=mlp.forward if moe else None,
             heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
             q_size=attn.q_size, v_at=attn.q_size + attn.kv_size, scale=attn.scale, window=attn.window,
-            softcap=attn.softcap, residual_scale=self.spec.residual_scale,
-            reduce=attn.tp.all_reduce if attn.tp.size > 1 else None)
+            softcap=attn.softcap, sinks=attn.sinks.detach().float() if attn.sinks is not None else None,
+            residual_scale=self.spec.residual_scale, reduce=attn.tp.all_reduce if attn.tp.size > 1 else None)
 
     def forward_fused(self, residual, pending, cos, sin, kv_cache, meta,
                       keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,7 +161,7 @@ class DecoderLayer(nn.Module):
         k_cache, v_cache = kv_cache
         backend = meta.backend
         backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = backend.attention(q, k_cache, v_cache, meta, f.scale, f.window, f.softcap).view(n, f.q_size)
+        out = backend.attention(q, k_cache, v_cache, meta, f.scale, f.window, f.softcap, f.sinks).view(n, f.q_size)
         if keep is not None:
             out, residual = out[keep], residual[keep]
         out = f.o(out)

@@ -55,12 +55,14 @@ def test_int8_experts_compute_on_their_int8_values(tmp_path, default_model_dir):
 
 def test_a_lone_sequence_decodes_as_transformers(tmp_path, default_model_dir):
     """Every decode step of a lone sequence takes the one-token expert path (no sort,
-    gather or scatter), here gpt-oss's, with expert biases and the clamped SwiGLU: greedy
-    output equal to transformers', and the path's output the batched path's bits."""
+    gather or scatter), here gpt-oss's, with expert biases and the clamped SwiGLU, inside
+    the native fused layer (sinks, fp32 norm weights): greedy output equal to
+    transformers', and the path's output the batched path's bits."""
     path = arch_models.build("gpt_oss", tmp_path / "m", default_model_dir)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompt = torch.randint(3, 49152, (1, 30), generator=torch.Generator().manual_seed(5)).tolist()
     with LLM(str(path), dtype="float32", max_model_len=64, block_size=8) as llm:
+        assert llm.engine.executor.runner.model.fused
         assert engine_greedy(llm, prompt, 12, ignore_eos=True) == hf_greedy(hf, prompt, 12, None)
         moe = llm.engine.executor.runner.model.layers[0].mlp
         x = torch.randn(1, hf.config.hidden_size, generator=torch.Generator().manual_seed(6))
