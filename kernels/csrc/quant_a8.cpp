@@ -12,8 +12,9 @@
 //
 // The product is that of the rounded activations x' with the blocks' quants scaled, plus
 // the blocks' offsets (Q4_0's -8d, Q5_0's -16d, Q4_1's and Q5_1's m, the K-quants'
-// -dmin * min) times the exact sums of x, so the only rounding beyond fp32's is x's, at most half a step of max|x| / 127 per
-// group of 32 (kernels/quant.py's a8_reference is the oracle).
+// -dmin * min) times the exact sums of x, so the only rounding beyond fp32's is x's, at
+// most half a step of max|x| / 127 per group of 32 (kernels/quant.py's a8_reference is the
+// oracle).
 #include <torch/library.h>
 #include "aten.h"
 #include <ATen/Parallel.h>
