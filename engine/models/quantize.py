@@ -146,6 +146,7 @@ def auto(config: Any) -> str | None:
     try:
         preflight(loader.named_file(config.model))
     except ParamError:  # not a GGUF, or a block type without a kernel
+        _READERS.clear()  # no apply() will read the header preflight parsed
         return None
     return "gguf"
 

@@ -24,7 +24,7 @@ using pagedserve::store_f;
 // residual = x + residual (in the model dtype), out = weight * rmsnorm(residual). The
 // AVX-512 loops do the scalar ones' arithmetic sixteen lanes at a time (the compiler had
 // left the bf16 loops scalar); the scalar loops finish each row's tail. W is the weight's
-// type: T (Llama: the normalised x rounded, then weighted) or float (Gemma, OLMo 2: the
+// type: T (Llama: the normalised x rounded, then weighted) or float (Gemma, gpt-oss: the
 // fp32 weight applied first, one rounding after).
 template <typename T, typename W>
 void add_rms_norm_row(const T* x, T* h, const W* w, T* o, int64_t n, float eps, bool add) {
@@ -77,7 +77,7 @@ void add_rms_norm_impl(const T* x, T* res, const W* w, T* out, int64_t rows, int
 
 // Returns weight * rmsnorm(residual + x) and updates residual in place; x may be undefined
 // (then residual is only normalised, for the first layer). An fp32 weight with a bf16 or
-// fp16 residual multiplies before the rounding (Gemma's and OLMo 2's order).
+// fp16 residual multiplies before the rounding (Gemma's and gpt-oss's order).
 at::Tensor add_rms_norm(const c10::optional<at::Tensor>& x, at::Tensor residual, const at::Tensor& weight,
                         double eps) {
   TORCH_CHECK(residual.is_contiguous() && weight.is_contiguous(), "contiguous tensors only");
@@ -160,7 +160,7 @@ std::tuple<at::Tensor, at::Tensor> rope_qk(const at::Tensor& qkv, const at::Tens
   const bool normed = norm.has_value() && norm->defined();
   TORCH_CHECK(!normed || (norm->scalar_type() == at::kFloat && norm->is_contiguous() && norm->numel() == (H + Hkv) * D),
               "norm must be fp32 [H + Hkv, D]");
-  TORCH_CHECK(D <= 1024, "head_dim at most 1024");
+  TORCH_CHECK(!normed || D <= 1024, "a normed head_dim is at most 1024 (the per-head buffer)");
   const float* nw = normed ? norm->data_ptr<float>() : nullptr;
   const float feps = static_cast<float>(eps);
   auto q = at::empty({n, H, D}, qkv.options());

@@ -13,8 +13,14 @@
 namespace pagedserve {
 namespace quant {
 
-// Output channels the few-rows kernels (quant.cpp, quant_a8.cpp) stream together.
+// Output channels the few-rows kernels (quant.cpp, quant_k.cpp, quant_a8.cpp) stream together.
 constexpr int64_t PANEL = 4;
+
+// How far ahead of a block the fp32-activation few-rows kernels (quant.cpp, quant_k.cpp)
+// fetch its row: a few KB, i.e. the next panels. Without it, a decode step's four
+// interleaved row streams per thread reached 10 GB/s of the machine's 30 (bench_quant.py,
+// the Q8_0 head). quant_a8.cpp fetches one panel ahead instead.
+constexpr int64_t PREFETCH = 4096;
 
 // GGML's type numbers for the block types, and ours for int8 rows.
 constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, MXFP4 = 39,
@@ -122,15 +128,20 @@ inline __m256i mxfp4_bytes32(const uint8_t* qs) {
   return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nibbles32(qs));
 }
 
-// 32 bytes (unsigned, or signed) as floats q * d + m.
-inline void bytes32_to(__m256i v, bool is_signed, float d, float m, float* out) {
+// 32 bytes (unsigned, or signed) as four 8-float vectors, in order.
+inline void bytes32_floats(__m256i v, bool is_signed, __m256* q) {
   const __m128i a = _mm256_castsi256_si128(v), b = _mm256_extracti128_si256(v, 1);
   const __m128i parts[4] = {a, _mm_srli_si128(a, 8), b, _mm_srli_si128(b, 8)};
+  for (int i = 0; i < 4; ++i)
+    q[i] = _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]));
+}
+
+// 32 bytes (unsigned, or signed) as floats q * d + m.
+inline void bytes32_to(__m256i v, bool is_signed, float d, float m, float* out) {
+  __m256 q[4];
+  bytes32_floats(v, is_signed, q);
   const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
-  for (int i = 0; i < 4; ++i) {
-    const __m256i w = is_signed ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]);
-    _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(w), vd, vm));
-  }
+  for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(q[i], vd, vm));
 }
 #endif
 

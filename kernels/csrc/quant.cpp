@@ -25,11 +25,6 @@ namespace {
 
 using namespace quant;  // NOLINT: this file is the formats' few-rows kernel
 
-// How far ahead of a block its row is fetched: a few KB, i.e. the next panels. Without it,
-// a decode step's four interleaved row streams per thread reached 10 GB/s of the
-// machine's 30 (bench_quant.py, the Q8_0 head).
-constexpr int64_t PREFETCH = 4096;
-
 // -- few rows: dequantize in registers, scales after the block sums ------------------------
 // For a decode step every weight is used by one to four rows, so the cost is reading and
 // expanding the blocks. Each block's sum of q * x is taken on the raw integers (as floats),
@@ -73,14 +68,8 @@ constexpr bool CENTRED = true;  // block_q returns Q4_0's and Q5_0's quants less
 inline vf from_i8(const uint8_t* p) {  // 8 signed bytes
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
-inline vf from_u8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
-// The 32 quants as four 8-float vectors: Q4_0's and Q5_0's as stored (0-15, 0-31).
-inline void bytes_to_q(__m256i v, bool is_signed, vf* q) {
-  const __m128i a = _mm256_castsi256_si128(v), b = _mm256_extracti128_si256(v, 1);
-  const __m128i parts[4] = {a, _mm_srli_si128(a, 8), b, _mm_srli_si128(b, 8)};
-  for (int i = 0; i < 4; ++i)
-    q[i] = _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]));
-}
+// The 32 quants as four 8-float vectors (qblocks.h bytes32_floats): Q4_0's and Q5_0's as
+// stored (0-15, 0-31), their offsets applied by the caller.
 template <int64_t QT>
 inline void block_q(const uint8_t* b, vf* q) {
   if constexpr (QT == Q8_0 || QT == INT8_ROWS) {
@@ -88,11 +77,11 @@ inline void block_q(const uint8_t* b, vf* q) {
     for (int i = 0; i < 4; ++i) q[i] = from_i8(p + 8 * i);
   } else if constexpr (QT == Q5_0 || QT == Q5_1) {
     const int64_t at = QT == Q5_1 ? 4 : 2;
-    bytes_to_q(q5_bytes32(b + at + 4, load_u32(b + at)), false, q);
+    bytes32_floats(q5_bytes32(b + at + 4, load_u32(b + at)), false, q);
   } else if constexpr (QT == MXFP4) {
-    bytes_to_q(mxfp4_bytes32(b + 1), true, q);
+    bytes32_floats(mxfp4_bytes32(b + 1), true, q);
   } else {
-    bytes_to_q(nibbles32(b + (QT == Q4_1 ? 4 : 2)), false, q);
+    bytes32_floats(nibbles32(b + (QT == Q4_1 ? 4 : 2)), false, q);
   }
 }
 constexpr bool CENTRED = false;

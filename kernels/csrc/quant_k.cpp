@@ -19,23 +19,6 @@ namespace quant {
 #ifdef PAGEDSERVE_AVX2
 namespace {
 
-// How far ahead of a superblock its row is fetched, as quant.cpp's 32-block kernel does.
-constexpr int64_t PREFETCH = 4096;
-
-inline __m256 u8_lo8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
-inline __m256 i8_lo8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
-
-// 32 quants given as bytes (unsigned for Q4_K and Q5_K, signed for Q6_K) as four 8-float vectors
-template <bool SIGNED>
-inline void quants32(__m256i v, __m256* q) {
-  const __m128i a = _mm256_castsi256_si128(v), b = _mm256_extracti128_si256(v, 1);
-  if constexpr (SIGNED) {
-    q[0] = i8_lo8(a), q[1] = i8_lo8(_mm_srli_si128(a, 8)), q[2] = i8_lo8(b), q[3] = i8_lo8(_mm_srli_si128(b, 8));
-  } else {
-    q[0] = u8_lo8(a), q[1] = u8_lo8(_mm_srli_si128(a, 8)), q[2] = u8_lo8(b), q[3] = u8_lo8(_mm_srli_si128(b, 8));
-  }
-}
-
 inline __m256 dot16(const __m256* q, const float* x) {
   return _mm256_fmadd_ps(q[1], _mm256_loadu_ps(x + 8), _mm256_mul_ps(q[0], _mm256_loadu_ps(x)));
 }
@@ -77,7 +60,7 @@ void panel_k(const float* x, const float* xsum, int64_t K, const uint8_t* w, int
             uint8_t sc, mn;
             scale_min_k4(sub, blk + 4, &sc, &mn);
             __m256 q[4];
-            quants32<false>(halves[h], q);
+            bytes32_floats(halves[h], false, q);  // Q4_K, Q5_K: unsigned
             const __m256 vd = _mm256_set1_ps(d * sc);
             for (int r = 0; r < R; ++r) {
               const float* xs = x + r * K + 256 * b + 32 * sub;
@@ -102,7 +85,7 @@ void panel_k(const float* x, const float* xsum, int64_t K, const uint8_t* w, int
             const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), low2);
             const __m256i v = _mm256_sub_epi8(_mm256_or_si256(lows[t], _mm256_slli_epi16(high, 4)), bias32);
             __m256 q[4];
-            quants32<true>(v, q);
+            bytes32_floats(v, true, q);
             const int8_t* sc = scales + 8 * half + 2 * t;
             const __m256 d0 = _mm256_set1_ps(d * sc[0]), d1 = _mm256_set1_ps(d * sc[1]);
             for (int r = 0; r < R; ++r) {
