@@ -12,10 +12,13 @@ the bytes of K/V read per second for decode, and the ratio.
 Those caches fit in L3 (64 x 300 tokens is 29 MB in fp32). `--cold` instead times decode
 as a model step meets it: 64 sequences of 350 tokens, one call per layer over 30 layers'
 caches in turn, so each layer's K/V comes from DRAM; it prints the read rate of each of
-eight passes over the 30 layers, and their median.
+eight passes over the 30 layers, and their median. `--decode-one` times a lone sequence's
+decode, as batch-1 serving meets it, on Qwen3-0.6B's attention (16 query heads, 8 KV
+heads, head_dim 128) over 28 layers' caches, at several context lengths.
 
     python scripts/bench_cpu_attention.py [--dtype float32] [--repeats 50]
     python scripts/bench_cpu_attention.py --cold [--dtype bfloat16]
+    python scripts/bench_cpu_attention.py --decode-one
 """
 
 from __future__ import annotations
@@ -34,12 +37,14 @@ CASES = [("decode", 64, 300, 1), ("decode", 64, 600, 1), ("decode", 8, 300, 1), 
          ("prefill", 1, 500, 500), ("prefill", 4, 512, 512), ("prefill", 8, 256, 256), ("prefill", 1, 2048, 2048)]
 
 
-def make(seqs: int, ctx: int, q_len: int, dtype: torch.dtype, gen: torch.Generator):
+def make(seqs: int, ctx: int, q_len: int, dtype: torch.dtype, gen: torch.Generator,
+         heads: tuple[int, int, int] = (HEADS, KV_HEADS, HEAD_DIM)):
+    h, hkv, d = heads
     nb = (ctx + BLOCK - 1) // BLOCK
-    k = torch.randn(seqs * nb + 1, BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    k = torch.randn(seqs * nb + 1, BLOCK, hkv, d, generator=gen).to(dtype)
     v = torch.randn(k.shape, generator=gen).to(dtype)
     tables = torch.randperm(seqs * nb, generator=gen).to(torch.int32).view(seqs, nb)
-    q = torch.randn(seqs * q_len, HEADS, HEAD_DIM, generator=gen).to(dtype)
+    q = torch.randn(seqs * q_len, h, d, generator=gen).to(dtype)
     qsl = torch.arange(0, seqs * q_len + 1, q_len, dtype=torch.int32)
     lens = torch.full((seqs,), ctx, dtype=torch.int32)
     return q, k, v, tables, qsl, lens
@@ -59,19 +64,35 @@ def cold(dtype: torch.dtype, gen: torch.Generator, seqs: int = 64, ctx: int = 35
           + " ".join(f"{r:.1f}" for r in rates) + f"; median {statistics.median(rates):.1f}")
 
 
+def decode_one(dtype: torch.dtype, gen: torch.Generator, layers: int = 28) -> None:
+    heads = (16, 8, 128)
+    for ctx in (64, 190, 512, 2048):
+        caches = [make(1, ctx, 1, dtype, gen, heads) for _ in range(layers)]
+        kv_bytes = 2 * ctx * heads[1] * heads[2] * caches[0][1].element_size()
+        passes = []
+        for _ in range(20):
+            t = time.perf_counter()
+            for q, k, v, tables, qsl, lens in caches:
+                cpu.paged_attention(q, k, v, tables, qsl, lens, heads[2] ** -0.5)
+            passes.append((time.perf_counter() - t) / layers)
+        per_layer = statistics.median(passes)
+        print(f"one sequence, {ctx:5d} tokens: {per_layer * 1e6:6.1f} us a layer, {kv_bytes / per_layer / 1e9:5.1f} GB/s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--cold", action="store_true", help="decode over 30 layers' caches, from DRAM")
+    ap.add_argument("--decode-one", action="store_true", help="one sequence's decode, Qwen3-0.6B heads")
     args = ap.parse_args()
     if not cpu.available():
         raise SystemExit("the native CPU kernels could not be built")
     dtype = getattr(torch, args.dtype)
     scale = HEAD_DIM**-0.5
     gen = torch.Generator().manual_seed(0)
-    if args.cold:
-        cold(dtype, gen)
+    if args.cold or args.decode_one:
+        (cold if args.cold else decode_one)(dtype, gen)
         return
     print(f"torch threads {torch.get_num_threads()}, {args.dtype}")
     print(f"{'case':8s} {'seqs':>5s} {'ctx':>5s} {'native ms':>10s} {'torch ms':>9s} {'speed-up':>9s} {'native GB/s':>12s}")

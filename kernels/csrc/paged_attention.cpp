@@ -38,6 +38,11 @@ using pagedserve::fast_exp;
 constexpr int kMaxDim = 256;
 constexpr int kQChunk = 16;     // query tokens per work item
 constexpr int kTiledQChunk = 64;  // query tokens per prefill work item on a tiled path
+// The fewest keys a split of a long context takes. At 64, a lone decode over 190 keys
+// split 64/64/62 and one thread took two of the three: 49-50 us a layer (Qwen3-0.6B's 8
+// KV heads, fp32, two threads) against 45 at 32, where it splits into six; other lengths
+// unchanged (scripts/bench_cpu_attention.py --decode-one; LOG, session 32).
+constexpr int kMinSplit = 32;
 constexpr int kTiledRows = 16;  // query rows of a KV head from which a tiled path's repacking pays
 
 struct Item {
@@ -415,7 +420,7 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
   int split_len = std::numeric_limits<int>::max();
   if (base_items < 4 * threads && max_len > 64) {
     const int64_t want = (4 * threads + base_items - 1) / std::max<int64_t>(base_items, 1);
-    split_len = std::max(64, static_cast<int>((max_len + want - 1) / want));
+    split_len = std::max(kMinSplit, static_cast<int>((max_len + want - 1) / want));
     split_len = (split_len + BS - 1) / BS * BS;  // whole blocks
   }
   std::vector<Item> items;

@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "a8.h"
+#include "a8_kquants.h"
 #include "qblocks.h"
 
 namespace pagedserve {
@@ -30,51 +32,12 @@ namespace quant {
 #ifdef PAGEDSERVE_AVX2
 namespace {
 
+using namespace a8;
+
 // PANEL output channels stream together (qblocks.h). Each block is fetched one panel
 // ahead: the same block of the next panel, PANEL rows on (quant.cpp fetches a fixed 4 KB
 // ahead, which for rows longer than 1 KB lands in the next row of the same panel, already
 // streaming, or further ahead than needed).
-
-// 32 unsigned bytes times 32 signed ones, summed in fours: eight int32 partial sums. The
-// pairs' int16 sums cannot saturate: callers keep u <= 128 and |s| <= 127 (2 * 128 * 127).
-inline __m256i dot_us(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-
-// Signed weights (|w| <= 128 as unsigned magnitudes) times signed activations: the sign
-// moves onto x so that maddubs gets its unsigned operand.
-inline __m256i dot_ss(__m256i w, __m256i s) { return dot_us(_mm256_abs_epi8(w), _mm256_sign_epi8(s, w)); }
-
-inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-
-// The rounded activations of R rows: q [R, K] bytes, d and the exact sums [R, K / 32].
-struct Rows {
-  const int8_t* q;
-  const float* d;
-  const float* sum;
-  int64_t K;
-  // Q6_K only: 32 times each 16 quants' integer sum, [R, K / 16], each superblock's
-  // sixteen in halves16's lane order (0, 2, 4, 6, 1, 3, 5, 7, then the same plus 8).
-  const int32_t* sum16;
-
-  Rows from(int64_t r) const {  // the rows from row r on
-    const int64_t nb = K / 32;
-    return {q + r * K, d + r * nb, sum + r * nb, K, sum16 ? sum16 + r * 2 * nb : nullptr};
-  }
-};
-
-// The eight int32x8 vectors' own sums, in order: one vector of eight totals.
-inline __m256i sums8(const __m256i* v) {
-  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
 
 // The fp16 at byte `at` of eight consecutive blocks, as floats.
 template <int64_t BYTES>
@@ -194,114 +157,11 @@ void panel32(const Rows& x, const uint8_t* w, int64_t rb, const float* scales, f
     }
 }
 
-// The sixteen 16-lane halves' sums of eight int32x8 vectors, as two vectors: lo holds
-// [v0 first half, v1 first, v2 first, v3 first | v0 second half, ..., v3 second], hi the
-// same for v4..v7 (a 32-weight vector's lanes 0-3 are its weights 0-15).
-inline void halves16(const __m256i* v, __m256i* lo, __m256i* hi) {
-  *lo = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-  *hi = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-}
-
-// Eight bytes as eight floats.
-inline __m256 u8x8(uint64_t v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v))); }
-
-// Q4_K's eight 6-bit scales and mins (scale_min_k4 for j = 0..7) from its 12 bytes, at once.
-inline void scales_mins_k4(const uint8_t* s, uint64_t* sc, uint64_t* mn) {
-  uint32_t u[3];
-  std::memcpy(u, s, 12);
-  const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
-  *sc = (u[0] & six) | uint64_t((u[2] & four) | (((u[0] >> 6) & two) << 4)) << 32;
-  *mn = (u[1] & six) | uint64_t(((u[2] >> 4) & four) | (((u[1] >> 6) & two) << 4)) << 32;
-}
-
-// R rows against PANEL output channels of Q4_K, Q5_K or Q6_K superblocks (256 weights). Each
-// superblock's eight 32-weight sums are taken on integers (Q6_K's 16-weight scales
-// multiplied in by madd), then gathered into one vector whose lanes are the sub-blocks,
-// so that the per-32 scales (the weights' times the activations') and Q4_K's mins times
-// the exact sums of x apply as three vector operations, not 8 scalar chains.
-template <int64_t QT, int R>
-void panel256(const Rows& x, const uint8_t* w, int64_t rb, float* y, int64_t ldy, int64_t cols) {
-  constexpr int64_t bytes = block_bytes(QT);
-  const int64_t nb32 = x.K / 32;
-  const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
-  __m256 acc[R][PANEL];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < PANEL; ++c) acc[r][c] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < x.K / 256; ++b) {
-    __m256 xd[R];  // the activations' eight per-32 scales of this superblock, per row
-    for (int r = 0; r < R; ++r) xd[r] = _mm256_loadu_ps(x.d + r * nb32 + 8 * b);
-    for (int c = 0; c < PANEL; ++c) {
-      if (c >= cols) break;
-      const uint8_t* blk = w + c * rb + b * bytes;
-      for (int64_t o = 0; o < bytes; o += 64)  // every line of the superblock (quant.cpp says why)
-        _mm_prefetch(reinterpret_cast<const char*>(blk + PANEL * rb + o), _MM_HINT_T0);
-      __m256i q[8];  // the superblock's quants, 32 a vector, in weight order
-      // Q4_K, Q5_K: the eight sub-blocks' scales and mins; Q6_K: its sixteen scales, halves16's order.
-      __m256 wscale, wmin;
-      if constexpr (QT == Q4_K || QT == Q5_K) {
-        for (int g = 0; g < 4; ++g) {  // 64 weights: sub-block 2g in the low nibbles, 2g + 1 in the high
-          const __m256i raw = load32(blk + (QT == Q5_K ? 48 : 16) + 32 * g);
-          q[2 * g] = _mm256_and_si256(raw, low4);
-          q[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-        }
-        if constexpr (QT == Q5_K) {  // bit j of each qh byte: the fifth bit of sub-block j's weights
-          const __m256i qh = load32(blk + 16);
-          for (int j = 0; j < 8; ++j)
-            q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
-        }
-        uint64_t sc, mn;
-        scales_mins_k4(blk + 4, &sc, &mn);
-        wscale = _mm256_mul_ps(_mm256_set1_ps(half_to_float(load_u16(blk))), u8x8(sc));
-        wmin = _mm256_mul_ps(_mm256_set1_ps(half_to_float(load_u16(blk + 2))), u8x8(mn));
-      } else {  // Q6_K: 4 low bits in ql, 2 high in qh (the centring on 32 is applied to the sums)
-        for (int half = 0; half < 2; ++half) {
-          const uint8_t* ql = blk + 64 * half;
-          const __m256i qa = load32(ql), qb = load32(ql + 32), qh = load32(blk + 128 + 32 * half);
-          const __m256i lows[4] = {_mm256_and_si256(qa, low4), _mm256_and_si256(qb, low4),
-                                   _mm256_and_si256(_mm256_srli_epi16(qa, 4), low4),
-                                   _mm256_and_si256(_mm256_srli_epi16(qb, 4), low4)};
-          for (int t = 0; t < 4; ++t) {  // weights 128 half + 32 t + [0, 32)
-            const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), low2);
-            q[4 * half + t] = _mm256_or_si256(lows[t], _mm256_slli_epi16(high, 4));
-          }
-        }
-        // The sixteen 16-weight scales in the order of halves16's lanes.
-        const __m128i sc = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)),
-                                            _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15));
-        const __m256 d = _mm256_set1_ps(half_to_float(load_u16(blk + 208)));
-        wscale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-        wmin = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
-      }
-      for (int r = 0; r < R; ++r) {
-        const int8_t* xq = x.q + r * x.K + 256 * b;
-        __m256i isum[8];
-        for (int j = 0; j < 8; ++j) isum[j] = dot_us(q[j], load32(xq + 32 * j));
-        if constexpr (QT != Q6_K) {
-          const __m256 s = _mm256_cvtepi32_ps(sums8(isum));
-          acc[r][c] = _mm256_fmadd_ps(s, _mm256_mul_ps(wscale, xd[r]), acc[r][c]);
-          acc[r][c] = _mm256_fnmadd_ps(wmin, _mm256_loadu_ps(x.sum + r * nb32 + 8 * b), acc[r][c]);
-        } else {  // sixteen 16-weight sums, less 32 times x's quants' sums (the centring)
-          __m256i lo, hi;
-          halves16(isum, &lo, &hi);
-          const int32_t* bs = x.sum16 + r * 2 * nb32 + 16 * b;  // already in halves16's order, times 32
-          lo = _mm256_sub_epi32(lo, load32(bs));
-          hi = _mm256_sub_epi32(hi, load32(bs + 8));
-          const float* d = x.d + r * nb32 + 8 * b;  // sub-block j's activation scale, for both its halves
-          const __m256 dlo = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(d));
-          const __m256 dhi = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(d + 4));
-          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(wscale, dlo), acc[r][c]);
-          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(wmin, dhi), acc[r][c]);
-        }
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < cols; ++c) y[r * ldy + c] = hsum(acc[r][c]);
-}
-
 template <int64_t QT, int R>
 void panel(const Rows& x, const uint8_t* w, int64_t rb, const float* scales, float* y, int64_t ldy, int64_t cols) {
-  if constexpr (block_len(QT) == 256)
+  if constexpr ((QT == Q4_K || QT == Q5_K) && kWideK)
+    panel256_wide<QT, R>(x, w, rb, y, ldy, cols);
+  else if constexpr (block_len(QT) == 256)
     panel256<QT, R>(x, w, rb, y, ldy, cols);
   else
     panel32<QT, R>(x, w, rb, scales, y, ldy, cols);
@@ -365,8 +225,12 @@ void few_rows_a8(const float* xp, int64_t M, int64_t N, int64_t K, const uint8_t
   std::vector<int8_t> q(M * K);
   std::vector<float> d(M * nb), sum(M * nb);
   std::vector<int32_t> sum16(qtype == Q6_K ? 2 * M * nb : 0);
-  for (int64_t i = 0; i < M * nb; ++i)
-    round32(xp + 32 * i, q.data() + 32 * i, &d[i], &sum[i], sum16.empty() ? nullptr : sum16.data() + 2 * i);
+  // panel256_wide reads Q4_K's and Q5_K's activations with each superblock's sub-blocks paired.
+  const bool paired = kWideK && (qtype == Q4_K || qtype == Q5_K);
+  for (int64_t i = 0; i < M * nb; ++i) {
+    const int64_t slot = paired ? i / 8 * 8 + kPairedSlot[i % 8] : i;
+    round32(xp + 32 * i, q.data() + 32 * slot, &d[i], &sum[i], sum16.empty() ? nullptr : sum16.data() + 2 * i);
+  }
   for (int64_t g = 0; g < static_cast<int64_t>(sum16.size()); g += 8) {  // per 128 weights
     int32_t* v = sum16.data() + g;
     const int32_t t[8] = {v[0], v[2], v[4], v[6], v[1], v[3], v[5], v[7]};

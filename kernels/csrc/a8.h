@@ -1,0 +1,59 @@
+// The int8-activation kernels' shared pieces (quant_a8.cpp says why activations are
+// rounded to int8): the integer dot products, the rounded rows, and the gathering of
+// eight blocks' sums into one vector.
+#pragma once
+
+#include <cstdint>
+
+#include "qblocks.h"
+
+namespace pagedserve {
+namespace quant {
+namespace a8 {
+
+#ifdef PAGEDSERVE_AVX2
+// 32 unsigned bytes times 32 signed ones, summed in fours: eight int32 partial sums. The
+// pairs' int16 sums cannot saturate: callers keep u <= 128 and |s| <= 127 (2 * 128 * 127).
+inline __m256i dot_us(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// Signed weights (|w| <= 128 as unsigned magnitudes) times signed activations: the sign
+// moves onto x so that maddubs gets its unsigned operand.
+inline __m256i dot_ss(__m256i w, __m256i s) { return dot_us(_mm256_abs_epi8(w), _mm256_sign_epi8(s, w)); }
+
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// The rounded activations of R rows: q [R, K] bytes, d and the exact sums [R, K / 32].
+struct Rows {
+  const int8_t* q;
+  const float* d;
+  const float* sum;
+  int64_t K;
+  // Q6_K only: 32 times each 16 quants' integer sum, [R, K / 16], each superblock's
+  // sixteen in halves16's lane order (0, 2, 4, 6, 1, 3, 5, 7, then the same plus 8).
+  const int32_t* sum16;
+
+  Rows from(int64_t r) const {  // the rows from row r on
+    const int64_t nb = K / 32;
+    return {q + r * K, d + r * nb, sum + r * nb, K, sum16 ? sum16 + r * 2 * nb : nullptr};
+  }
+};
+
+// The eight int32x8 vectors' own sums, in order: one vector of eight totals.
+inline __m256i sums8(const __m256i* v) {
+  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+#endif
+
+}  // namespace a8
+}  // namespace quant
+}  // namespace pagedserve
