@@ -20,6 +20,13 @@ loading, beside the weight bytes the engine reports: what a replica costs before
 cache.
 
     python scripts/bench_quant.py --rss --model /tmp/gpt-oss-shape --modes ,mxfp4
+
+`--cold` times one decode row through each of a layer's GEMMs as a model step meets
+them: `--layers` copies of each weight, called in turn, so every block comes from DRAM
+(the hot loop above reads weights a cache may hold); it prints each GEMM's read rate
+with int8 activations, the median over passes.
+
+    python scripts/bench_quant.py --cold --shape qwen3-0.6b --types Q4_K,Q6_K
 """
 
 from __future__ import annotations
@@ -88,6 +95,27 @@ def rss(model: str, modes: str) -> None:
         print(f"{mode or 'null':>8} {r['weight_mb']:11.1f} {r['rss_mb']:8.1f}")
 
 
+def cold(shape: str | None, types: str, layers: int, gen: torch.Generator) -> None:
+    import statistics
+    import time
+
+    layer = shape_gemms(shape)[0] if shape else LAYER
+    print(f"{'format':>6} " + " ".join(f"{f'{n}x{k} GB/s':>14}" for n, k in layer))
+    for name in types.split(","):
+        qtype, rates = NAMES[name], []
+        for n, k in layer:
+            copies = [blocks(qtype, n, k, gen) for _ in range(layers)]
+            x = torch.randn(1, k, generator=gen)
+            passes = []
+            for _ in range(9):
+                t = time.perf_counter()
+                for w, sc in copies:
+                    quant.qlinear(x, w, sc, qtype, k, int8_activations=True)
+                passes.append(time.perf_counter() - t)
+            rates.append(layers * copies[0][0].numel() / statistics.median(passes[1:]) / 1e9)
+        print(f"{name:>6} " + " ".join(f"{r:14.1f}" for r in rates))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1,2,4,8,16,64,256")
@@ -99,10 +127,14 @@ def main() -> None:
     ap.add_argument("--modes", default=",gguf,int8", help="--rss: the quantization settings, '' for null")
     ap.add_argument("--a8", action="store_true", help="also each type with int8 activations (decode rows)")
     ap.add_argument("--shape", help="a dense shape of scripts/model_shapes.py instead of the embedded model's")
+    ap.add_argument("--cold", action="store_true", help="one decode row, each weight from DRAM (int8 activations)")
+    ap.add_argument("--layers", type=int, default=28, help="--cold: copies of each weight called in turn")
     args = ap.parse_args()
     if args.rss:
         return rss(args.model, args.modes)
     gen = torch.Generator().manual_seed(0)
+    if args.cold:
+        return cold(args.shape, args.types, args.layers, gen)
     layer, head = shape_gemms(args.shape) if args.shape else (LAYER, HEAD)
     shapes = layer + [head]
     dense = [packed_linear.PackedLinear(torch.randn(n, k, generator=gen), None) for n, k in shapes]

@@ -11,6 +11,18 @@ namespace pagedserve {
 namespace quant {
 namespace a8 {
 
+// How far ahead the few-rows int8 kernels fetch weights: the same block of a later panel
+// (the kernels walk a panel's rows side by side, block by block), the first at least
+// kAheadBytes on. One panel ahead, as these kernels had it, is 2.3 KB for a Q4_K row of
+// 1,024: the fetch came too late, and Qwen3-0.6B's gate/up GEMM streamed at 26-32 GB/s
+// against 44-52 at 16 KB; 8 KB fell between; 1.7B's longer rows and the 32-block types
+// were no worse (scripts/bench_quant.py --cold; LOG, session 32).
+constexpr int64_t kAheadBytes = 16384;
+inline int64_t ahead_bytes(int64_t rb) {
+  const int64_t panel = PANEL * rb;
+  return (kAheadBytes + panel - 1) / panel * panel;
+}
+
 #ifdef PAGEDSERVE_AVX2
 // 32 unsigned bytes times 32 signed ones, summed in fours: eight int32 partial sums. The
 // pairs' int16 sums cannot saturate: callers keep u <= 128 and |s| <= 127 (2 * 128 * 127).

@@ -40,6 +40,7 @@ inline void scales_mins_k4(const uint8_t* s, uint64_t* sc, uint64_t* mn) {
 template <int64_t QT, int R>
 void panel256(const Rows& x, const uint8_t* w, int64_t rb, float* y, int64_t ldy, int64_t cols) {
   constexpr int64_t bytes = block_bytes(QT);
+  const int64_t far = ahead_bytes(rb);
   const int64_t nb32 = x.K / 32;
   const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
   __m256 acc[R][PANEL];
@@ -52,7 +53,7 @@ void panel256(const Rows& x, const uint8_t* w, int64_t rb, float* y, int64_t ldy
       if (c >= cols) break;
       const uint8_t* blk = w + c * rb + b * bytes;
       for (int64_t o = 0; o < bytes; o += 64)  // every line of the superblock (quant.cpp says why)
-        _mm_prefetch(reinterpret_cast<const char*>(blk + PANEL * rb + o), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(blk + far + o), _MM_HINT_T0);
       __m256i q[8];  // the superblock's quants, 32 a vector, in weight order
       // Q4_K, Q5_K: the eight sub-blocks' scales and mins; Q6_K: its sixteen scales, halves16's order.
       __m256 wscale, wmin;
@@ -139,6 +140,7 @@ constexpr int kFirstSub[4] = {0, 1, 4, 5};
 template <int64_t QT, int R>
 void panel256_wide(const Rows& x, const uint8_t* w, int64_t rb, float* y, int64_t ldy, int64_t cols) {
   constexpr int64_t bytes = block_bytes(QT), qs_at = QT == Q5_K ? 48 : 16;
+  const int64_t far = ahead_bytes(rb);
   const int64_t nb32 = x.K / 32;
   const __m512i low4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
   __m512i spread[4], shift[4];  // per vector: its lanes' sub-block (scale index, fifth-bit index)
@@ -158,7 +160,7 @@ void panel256_wide(const Rows& x, const uint8_t* w, int64_t rb, float* y, int64_
       if (c >= cols) break;
       const uint8_t* blk = w + c * rb + b * bytes;
       for (int64_t o = 0; o < bytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(blk + PANEL * rb + o), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(blk + far + o), _MM_HINT_T0);
       __m512i q[4];
       for (int h = 0; h < 2; ++h) {
         const __m512i raw = _mm512_loadu_si512(blk + qs_at + 64 * h);

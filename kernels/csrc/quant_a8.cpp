@@ -34,11 +34,6 @@ namespace {
 
 using namespace a8;
 
-// PANEL output channels stream together (qblocks.h). Each block is fetched one panel
-// ahead: the same block of the next panel, PANEL rows on (quant.cpp fetches a fixed 4 KB
-// ahead, which for rows longer than 1 KB lands in the next row of the same panel, already
-// streaming, or further ahead than needed).
-
 // The fp16 at byte `at` of eight consecutive blocks, as floats.
 template <int64_t BYTES>
 inline __m256 halves8(const uint8_t* blk, int at) {
@@ -110,6 +105,7 @@ void panel32(const Rows& x, const uint8_t* w, int64_t rb, const float* scales, f
              int64_t cols) {
   constexpr int64_t bytes = QT == INT8_ROWS ? 32 : block_bytes(QT);
   constexpr bool offset = has_offset<QT>();
+  const int64_t far = ahead_bytes(rb);
   const int64_t nb = x.K / 32, whole = nb / 8 * 8;
   __m256 acc[R][PANEL];
   float tail[R][PANEL];
@@ -120,7 +116,7 @@ void panel32(const Rows& x, const uint8_t* w, int64_t rb, const float* scales, f
       if (c >= cols) break;
       const uint8_t* blk = w + c * rb + b * bytes;
       for (int64_t o = 0; o < 8 * bytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(blk + PANEL * rb + o), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(blk + far + o), _MM_HINT_T0);
       __m256i q[8];
       for (int j = 0; j < 8; ++j) q[j] = quants<QT>(blk + j * bytes);
       const __m256 d = scales8<QT>(blk);
