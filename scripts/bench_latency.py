@@ -269,11 +269,14 @@ def main() -> None:
         print(f"{name} / engine fp: decode {statistics.median(decode):.2f}x "
               f"(rounds: {', '.join(f'{x:.2f}' for x in decode)}), TTFT {statistics.median(ttft):.2f}x "
               "(higher is better)")
-    if "llama-server" in results:
-        t_peer, r_peer = results["llama-server"]
-        for name, (t, r) in results.items():
+    if "llama-server" in results:  # every round's pair, not the last one's alone
+        for name in results:
             if name.startswith("engine"):
-                print(f"{name} / llama-server: decode {r / r_peer:.2f}x, TTFT {t_peer / t:.2f}x (higher is better)")
+                decode = [rd[name][1] / rd["llama-server"][1] for rd in rounds]
+                ttft = [rd["llama-server"][0] / rd[name][0] for rd in rounds]
+                print(f"{name} / llama-server: decode {statistics.median(decode):.2f}x "
+                      f"(rounds: {', '.join(f'{x:.2f}' for x in decode)}), TTFT {statistics.median(ttft):.2f}x "
+                      "(higher is better)")
 
 
 if __name__ == "__main__":
