@@ -118,15 +118,16 @@ void panel256(const Rows& x, const uint8_t* w, int64_t rb, float* y, int64_t ldy
     for (int c = 0; c < cols; ++c) y[r * ldy + c] = hsum(acc[r][c]);
 }
 
-// Where few_rows_a8 puts, for panel256_wide, sub-block j of each superblock of activations: the pairs
-// (0, 2), (1, 3), (4, 6), (5, 7), one 64-byte vector each.
+// Where few_rows_a8 puts sub-block j of each superblock of activations for panel256_wide:
+// the pairs (0, 2), (1, 3), (4, 6), (5, 7), one 64-byte vector each.
 constexpr int kPairedSlot[8] = {0, 2, 1, 3, 4, 6, 5, 7};
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 // Q4_K and Q5_K on 512-bit vectors. The eight-wide panel256 above spends most of its
 // instructions per superblock on 256-bit work (8 products, 12 nibble ops, 6 hadds): on
-// a Zen 5 core it took about 26 cycles a superblock, so a Q4_K row streamed at 35-39
-// GB/s where Q6_K's 210-byte superblocks reached 52 at the same rate. Here one vector
+// two Zen 5 cores, hot in cache, Q4_K and Q6_K both ran about 310 million superblocks a
+// second, so Q4_K's 144-byte ones streamed at 35-39 GB/s from DRAM where Q6_K's 210-byte
+// ones reached 52: Q4_K was bound by instructions, not memory. Here one vector
 // holds 64 weights, two sub-blocks: 64 packed bytes' low nibbles are sub-blocks 2g and
 // 2g + 2 (g = 0, 2), the high ones 2g + 1 and 2g + 3, so that four products cover the
 // superblock. The activations are rounded into the same pairing once per call
