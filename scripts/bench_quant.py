@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -96,9 +98,6 @@ def rss(model: str, modes: str) -> None:
 
 
 def cold(shape: str | None, types: str, layers: int, gen: torch.Generator) -> None:
-    import statistics
-    import time
-
     layer = shape_gemms(shape)[0] if shape else LAYER
     print(f"{'format':>6} " + " ".join(f"{f'{n}x{k} GB/s':>14}" for n, k in layer))
     for name in types.split(","):

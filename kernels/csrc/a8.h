@@ -1,6 +1,6 @@
 // The int8-activation kernels' shared pieces (quant_a8.cpp says why activations are
-// rounded to int8): the integer dot products, the rounded rows, and the gathering of
-// eight blocks' sums into one vector.
+// rounded to int8): how far ahead they fetch weights, the integer dot products, and the
+// rounded rows.
 #pragma once
 
 #include <cstdint>
@@ -58,12 +58,6 @@ struct Rows {
   }
 };
 
-// The eight int32x8 vectors' own sums, in order: one vector of eight totals.
-inline __m256i sums8(const __m256i* v) {
-  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
 #endif
 
 }  // namespace a8

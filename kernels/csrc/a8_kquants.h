@@ -96,7 +96,7 @@ void panel256(const Rows& x, const uint8_t* w, int64_t rb, float* y, int64_t ldy
         __m256i isum[8];
         for (int j = 0; j < 8; ++j) isum[j] = dot_us(q[j], load32(xq + 32 * j));
         if constexpr (QT != Q6_K) {
-          const __m256 s = _mm256_cvtepi32_ps(sums8(isum));
+          const __m256 s = _mm256_cvtepi32_ps(pagedserve::hsum8(isum));
           acc[r][c] = _mm256_fmadd_ps(s, _mm256_mul_ps(wscale, xd[r]), acc[r][c]);
           acc[r][c] = _mm256_fnmadd_ps(wmin, _mm256_loadu_ps(x.sum + r * nb32 + 8 * b), acc[r][c]);
         } else {  // sixteen 16-weight sums, less 32 times x's quants' sums (the centring)
@@ -125,9 +125,10 @@ constexpr int kPairedSlot[8] = {0, 2, 1, 3, 4, 6, 5, 7};
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 // Q4_K and Q5_K on 512-bit vectors. The eight-wide panel256 above spends most of its
 // instructions per superblock on 256-bit work (8 products, 12 nibble ops, 6 hadds): on
-// two Zen 5 cores, hot in cache, Q4_K and Q6_K both ran about 310 million superblocks a
-// second, so Q4_K's 144-byte ones streamed at 35-39 GB/s from DRAM where Q6_K's 210-byte
-// ones reached 52: Q4_K was bound by instructions, not memory. Here one vector
+// two Zen 5 cores a decode row's Q4_K GEMMs streamed their 144-byte superblocks at 32-35
+// GB/s from DRAM, where Q6_K's 210-byte ones reached 41-49 on the same shapes: Q4_K was
+// bound by instructions, not memory. Here, with a8.h's further fetch, 35-50
+// (scripts/bench_quant.py --cold; LOG, session 32). Here one vector
 // holds 64 weights, two sub-blocks: 64 packed bytes' low nibbles are sub-blocks 2g and
 // 2g + 2 (g = 0, 2), the high ones 2g + 1 and 2g + 3, so that four products cover the
 // superblock. The activations are rounded into the same pairing once per call

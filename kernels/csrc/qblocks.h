@@ -19,7 +19,7 @@ constexpr int64_t PANEL = 4;
 // How far ahead of a block the fp32-activation few-rows kernels (quant.cpp, quant_k.cpp)
 // fetch its row: a few KB, i.e. the next panels. Without it, a decode step's four
 // interleaved row streams per thread reached 10 GB/s of the machine's 30 (bench_quant.py,
-// the Q8_0 head). quant_a8.cpp fetches one panel ahead instead.
+// the Q8_0 head). The int8-activation kernels fetch further ahead (a8.h ahead_bytes).
 constexpr int64_t PREFETCH = 4096;
 
 // GGML's type numbers for the block types, and ours for int8 rows.

@@ -127,7 +127,7 @@ void panel32(const Rows& x, const uint8_t* w, int64_t rb, const float* scales, f
         for (int j = 0; j < 8; ++j)
           isum[j] = offset ? dot_us(q[j], load32(xq + 32 * j)) : dot_ss(q[j], load32(xq + 32 * j));
         const __m256 xd = _mm256_loadu_ps(x.d + r * nb + b);
-        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums8(isum)), _mm256_mul_ps(d, xd), acc[r][c]);
+        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pagedserve::hsum8(isum)), _mm256_mul_ps(d, xd), acc[r][c]);
         if constexpr (offset) acc[r][c] = _mm256_fmadd_ps(m, _mm256_loadu_ps(x.sum + r * nb + b), acc[r][c]);
       }
     }
