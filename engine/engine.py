@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import logging
 import time
 from collections import deque
 
@@ -42,15 +41,9 @@ class LLMEngine:
         if config.quantization in ("auto", "gguf"):
             from engine.models import quantize
 
-            if config.quantization == "auto":  # what it stands for here, for every layer below
-                config = config.model_copy(update={"quantization": quantize.auto(config)})
-                if config.int8_activations and config.quantization is None:
-                    logging.getLogger(__name__).info("int8_activations: quantization 'auto' chose the dense "
-                                                     "weights here, whose activations are not rounded")
-            else:
-                quantize.preflight(loader.named_file(config.model))
+            config = quantize.settle(config)  # what "auto" stands for here, for every layer below
         self.config = config
-        files = loader.resolve(config.model)
+        files = loader.resolve(config.model, blocks=config.quantization == "gguf")
         hf_config = loader.load_config(files)
         placement = Placement.resolve(config, hf_config)
         self.model_name = config.model or loader.DEFAULT_MODEL_NAME

@@ -12,6 +12,11 @@ best of --repeats passes. Also checks that the two agree.
 
     python scripts/bench_gemm.py [--dtype bfloat16|float32] [--rows 1,8,16,32,64,128,256,2048]
     python scripts/bench_gemm.py --glu --dtype float32 --rows 33,64,2048
+    python scripts/bench_gemm.py --shape qwen3-0.6b --dtype float32 --rows 1,8,16 --layers 8
+
+`--shape` takes a benchmark shape's GEMMs (scripts/model_shapes.py) instead, and each
+row also gives both kernels' weight read rate in GB/s: at few rows a GEMM should stream
+its weights at the memory's rate.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--glu", action="store_true", help="gate/up + silu_mul against gemm_glu")
+    ap.add_argument("--shape", help="a benchmark shape of scripts/model_shapes.py instead of SmolLM2-135M's")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     if not cpu.gemm_available(dtype):
@@ -51,9 +57,16 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     if args.glu:
         return glu(args, dtype, gen)
+    shapes = SHAPES
+    if args.shape:
+        from bench_quant import shape_gemms  # scripts/ is on sys.path when run as a script
+
+        layer, head = shape_gemms(args.shape)
+        shapes = [(name, n, k) for name, (n, k) in zip(("qkv", "o", "gate_up", "down", "head"), [*layer, head])]
     print(f"torch threads {torch.get_num_threads()}; {args.dtype}; GFLOP/s per layer GEMM, weights cold")
-    print(f"{'shape':8s} {'M':>5s} {'oneDNN':>8s} {'gemm':>8s} {'ratio':>6s} {'max |diff|':>10s}")
-    for name, n, k in SHAPES:
+    print(f"{'shape':8s} {'M':>5s} {'oneDNN':>8s} {'gemm':>8s} {'ratio':>6s} {'max |diff|':>10s}"
+          f" {'oneDNN GB/s':>11s} {'gemm GB/s':>9s}")
+    for name, n, k in shapes:
         layers = 2 if name == "head" else args.layers
         ws = [torch.randn(n, k, generator=gen).mul_(k ** -0.5).to(dtype) for _ in range(layers)]
         packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws]
@@ -65,9 +78,9 @@ def main() -> None:
             diff = (ref.float() - got.float()).abs().max().item()
             t_dnn = per_layer(lambda i: packed_linear.linear(x, packed[i], None), layers, args.repeats)
             t_our = per_layer(lambda i: cpu.gemm(x, panels[i], n, None), layers, args.repeats)
-            flop = 2 * m * n * k
+            flop, size = 2 * m * n * k, n * k * ws[0].element_size()
             print(f"{name:8s} {m:5d} {flop / t_dnn / 1e9:8.1f} {flop / t_our / 1e9:8.1f} {t_dnn / t_our:5.2f}x "
-                  f"{diff:10.4f}")
+                  f"{diff:10.4f} {size / t_dnn / 1e9:11.1f} {size / t_our / 1e9:9.1f}")
 
 
 def glu(args, dtype: torch.dtype, gen: torch.Generator) -> None:

@@ -190,7 +190,7 @@ def main() -> None:
     ap.add_argument("--spec", help=argparse.SUPPRESS)  # internal: that side's speculative_config
     args = ap.parse_args()
 
-    files = loader.resolve(args.model)
+    files = loader.resolve(args.model, blocks=args.no_hf)  # the dense conversion only for transformers
     vocab = loader.load_config(files).vocab_size
     rng = random.Random(0)
     prompt = [rng.randrange(100, vocab) for _ in range(args.prompt_len)]

@@ -16,10 +16,12 @@ qgemm.cpp's), whose crossover sets quant.cpp's few_rows_kernel.
 
 `--rss` instead loads the embedded model (or `--model`) with each setting (`--modes`,
 default null, gguf, int8) in a fresh process and reports its resident memory after
-loading, beside the weight bytes the engine reports: what a replica costs before any KV
-cache.
+loading and its peak during the load, beside the weight bytes the engine reports: what a
+replica costs before any KV cache. `--first-load` starts each in an empty conversion
+cache, so a GGUF converts (the first start of a model), and adds what the cache holds.
 
     python scripts/bench_quant.py --rss --model /tmp/gpt-oss-shape --modes ,mxfp4
+    python scripts/bench_quant.py --rss --first-load --model /tmp/q17-q4km.gguf --modes gguf
 
 `--cold` times one decode row through each of a layer's GEMMs as a model step meets
 them: `--layers` copies of each weight, called in turn, so every block comes from DRAM
@@ -33,10 +35,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -80,21 +85,32 @@ def best_ms(fn, repeats: int) -> float:
 
 
 LOAD = """
-import json, sys
+import json, sys, time
 from engine import LLM
-llm = LLM(sys.argv[2] or None, dtype="float32", quantization=sys.argv[1] or None, kv_cache_memory_bytes=64 << 20, max_model_len=512)
-rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:"))
-print(json.dumps({"rss_mb": rss / 1024, "weight_mb": llm.stats().weight_bytes / 1e6}))
+t = time.perf_counter()
+llm = LLM(sys.argv[2] or None, dtype="float32", quantization=sys.argv[1] or None, kv_cache_memory_bytes=64 << 20, max_model_len=256)
+seconds = time.perf_counter() - t
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+rss, peak = (int(status[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM"))
+print(json.dumps({"rss_mb": rss, "peak_mb": peak, "load_s": seconds, "weight_mb": llm.stats().weight_bytes / 1e6}))
 """
 
 
-def rss(model: str, modes: str) -> None:
-    """Each setting in its own process: RSS after loading against the weights' own bytes."""
-    print(f"{'setting':>8} {'weights MB':>11} {'RSS MB':>8}")
+def rss(model: str, modes: str, first_load: bool) -> None:
+    """Each setting in its own process: RSS after loading and its peak during the load,
+    against the weights' own bytes; `first_load`: each in an empty conversion cache, with
+    what the cache then holds."""
+    print(f"{'setting':>8} {'weights MB':>11} {'RSS MB':>8} {'peak MB':>8} {'load s':>7}"
+          + (f" {'cache MB':>9}" if first_load else ""))
     for mode in modes.split(","):
-        out = subprocess.run([sys.executable, "-c", LOAD, mode, model], capture_output=True, text=True, check=True)
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"{mode or 'null':>8} {r['weight_mb']:11.1f} {r['rss_mb']:8.1f}")
+        with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as cache:
+            env = dict(os.environ, PAGEDSERVE_CACHE=cache) if first_load else None
+            out = subprocess.run([sys.executable, "-c", LOAD, mode, model], capture_output=True, text=True,
+                                 check=True, env=env)
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            held = sum(f.stat().st_size for f in Path(cache).rglob("*") if f.is_file()) / 1e6
+        print(f"{mode or 'null':>8} {r['weight_mb']:11.1f} {r['rss_mb']:8.1f} {r['peak_mb']:8.1f} {r['load_s']:7.1f}"
+              + (f" {held:9.1f}" if first_load else ""))
 
 
 def cold(shape: str | None, types: str, layers: int, gen: torch.Generator) -> None:
@@ -124,13 +140,14 @@ def main() -> None:
     ap.add_argument("--rss", action="store_true", help="resident memory after loading, per setting")
     ap.add_argument("--model", default="", help="--rss: this model instead of the embedded one")
     ap.add_argument("--modes", default=",gguf,int8", help="--rss: the quantization settings, '' for null")
+    ap.add_argument("--first-load", action="store_true", help="--rss: each setting in an empty conversion cache")
     ap.add_argument("--a8", action="store_true", help="also each type with int8 activations (decode rows)")
     ap.add_argument("--shape", help="a dense shape of scripts/model_shapes.py instead of the embedded model's")
     ap.add_argument("--cold", action="store_true", help="one decode row, each weight from DRAM (int8 activations)")
     ap.add_argument("--layers", type=int, default=28, help="--cold: copies of each weight called in turn")
     args = ap.parse_args()
     if args.rss:
-        return rss(args.model, args.modes)
+        return rss(args.model, args.modes, args.first_load)
     gen = torch.Generator().manual_seed(0)
     if args.cold:
         return cold(args.shape, args.types, args.layers, gen)

@@ -374,7 +374,8 @@ class DecoderForCausalLM(nn.Module):
             parts.append(part)
         return torch.cat(parts, dim=-1)[:, : self.config.vocab_size]
 
-    def load_weights(self, weights: Iterable[tuple[str, object]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, object]], absent: Callable[[str], bool] | None = None
+                     ) -> None:
         from engine.models.weights import load
 
-        load(self, ((new, src) for name, src in weights if (new := self.checkpoint_name(name)) is not None))
+        load(self, ((new, src) for name, src in weights if (new := self.checkpoint_name(name)) is not None), absent)

@@ -10,6 +10,7 @@ loader reads for that architecture (engine/models/weights.py): gpt-oss's [E, hid
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ MIXTRAL_LAYER = {
     "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
     "ffn_gate_inp.weight": "mlp.gate.weight",
 }
+GGUF_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
           "output.weight": "lm_head.weight"}
 OWN = ("gpt_oss", "mixtral")  # the model types this module converts
@@ -44,15 +46,18 @@ def handles(config: Any) -> bool:
     return config.model_type in OWN
 
 
-def convert(path: Path, config: Any) -> dict[str, torch.Tensor]:
-    """Every tensor of the file, dequantized to fp32 under its HF name; a ValueError
-    naming a tensor this architecture does not have, or MXFP4 blocks out of range."""
+def convert(path: Path, config: Any, keep: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+    """Every tensor of the file that `keep` takes by its GGUF name, dequantized to fp32
+    under its HF name; a ValueError naming a tensor this architecture does not have, or
+    MXFP4 blocks out of range."""
     import gguf
 
     layer_names = GPT_OSS_LAYER if config.model_type == "gpt_oss" else MIXTRAL_LAYER
     out: dict[str, torch.Tensor] = {}
     experts: dict[tuple[int, str], torch.Tensor] = {}
     for t in gguf.GGUFReader(path).tensors:
+        if not keep(t.name):
+            continue
         if t.tensor_type == gguf.GGMLQuantizationType.MXFP4:  # a NaN scale would dequantize silently
             mxfp4.check_gguf_blocks(torch.from_numpy(np.array(t.data, dtype=np.uint8)), t.name)
         data = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
@@ -72,28 +77,34 @@ def convert(path: Path, config: Any) -> dict[str, torch.Tensor]:
             out[f"model.layers.{i}.{layer_names[rest]}"] = data
         else:
             raise ValueError(f"unexpected GGUF tensor {t.name!r} for {config.model_type}")
+    weights = keep(f"blk.0.{GGUF_EXPERTS[0]}.weight")  # False where the experts stay on their blocks
     for i in range(config.num_hidden_layers):
-        out.update(_experts(config, i, experts))
+        out.update(_experts(config, i, experts, weights))
     return out
 
 
-def _experts(config: Any, i: int, experts: dict[tuple[int, str], torch.Tensor]) -> dict[str, torch.Tensor]:
+def _experts(config: Any, i: int, experts: dict[tuple[int, str], torch.Tensor], weights: bool
+             ) -> dict[str, torch.Tensor]:
     """Layer i's merged experts ([E, out, in] each, as llama.cpp stores them) in the stacked
-    layout the loader reads for the architecture."""
+    layout the loader reads for the architecture; only gpt-oss's biases without `weights`."""
     def take(name: str) -> torch.Tensor:
         if (i, name) not in experts:
             raise ValueError(f"the GGUF file has no tensor 'blk.{i}.{name}'")
         return experts.pop((i, name))
 
     prefix = f"model.layers.{i}.mlp.experts."
-    gate, up, down = take("ffn_gate_exps.weight"), take("ffn_up_exps.weight"), take("ffn_down_exps.weight")
-    if config.model_type == "mixtral":
-        return {prefix + "gate_up_proj": torch.cat((gate, up), dim=1), prefix + "down_proj": down}
-    # gpt-oss: x @ W with gate and up interleaved column by column, and their biases likewise
-    gate_b, up_b = take("ffn_gate_exps.bias"), take("ffn_up_exps.bias")
-    return {prefix + "gate_up_proj": torch.stack((gate, up), dim=2).flatten(1, 2).transpose(1, 2).contiguous(),
-            prefix + "gate_up_proj_bias": torch.stack((gate_b, up_b), dim=2).flatten(1, 2),
-            prefix + "down_proj": down.transpose(1, 2).contiguous()}
+    out = {}
+    if weights:
+        gate, up, down = (take(f"{name}.weight") for name in GGUF_EXPERTS)
+        if config.model_type == "mixtral":
+            return {prefix + "gate_up_proj": torch.cat((gate, up), dim=1), prefix + "down_proj": down}
+        # gpt-oss: x @ W with gate and up interleaved column by column, and their biases likewise
+        out = {prefix + "gate_up_proj": torch.stack((gate, up), dim=2).flatten(1, 2).transpose(1, 2).contiguous(),
+               prefix + "down_proj": down.transpose(1, 2).contiguous()}
+    if config.model_type == "gpt_oss":
+        gate_b, up_b = take("ffn_gate_exps.bias"), take("ffn_up_exps.bias")
+        out[prefix + "gate_up_proj_bias"] = torch.stack((gate_b, up_b), dim=2).flatten(1, 2)
+    return out
 
 
 def unpermute(rows: torch.Tensor, heads: int) -> torch.Tensor:

@@ -1,20 +1,15 @@
 """Find a model, its config, tokenizer and weights, offline.
 
 A model is an HF-format directory, a GGUF file, or an HF id that must already be in
-the local HF cache: nothing here downloads. GGUF weights are dequantized once with
-transformers' GGUF utilities and kept as an HF directory in a local cache, since
-dequantizing takes far longer than reading safetensors.
+the local HF cache: nothing here downloads. A GGUF becomes an HF directory once, in a
+local cache (engine/models/gguf_convert.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import shutil
-import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,16 +29,18 @@ if TYPE_CHECKING:
 # or convert a model: finding a model and its tokenizer (what the HTTP process does) needs
 # none of them, and importing them cost that process and the CLI seconds each.
 
-CONVERSION = 3  # 2: configs restored by gguf_config; 3: a generation_config.json of its stop tokens
 __all__ = ["DEFAULT_MODEL_NAME", "ModelFiles", "resolve", "load_config", "load_tokenizer", "build_model"]
 
 
 @dataclass
 class ModelFiles:
-    """An HF-format directory on local disk, plus where it came from."""
+    """An HF-format directory on local disk, plus where it came from. `blocks_only`: a
+    GGUF's directory without the GEMM weights and the embedding, which only
+    `quantization: gguf` can fill (from `source`)."""
 
     path: Path
     source: str
+    blocks_only: bool = False
 
 
 def cache_root() -> Path:
@@ -62,21 +59,23 @@ def named_file(model: str | os.PathLike | None) -> str:
     return str(model)
 
 
-def resolve(model: str | os.PathLike | None) -> ModelFiles:
-    """Turn what the user named into a local HF-format directory."""
+def resolve(model: str | os.PathLike | None, blocks: bool = False) -> ModelFiles:
+    """Turn what the user named into a local HF-format directory. `blocks`: the model
+    will compute on a GGUF's own blocks (`quantization: gguf`), so a GGUF's directory
+    holds only the tensors that stay dense (engine/models/gguf_convert.py)."""
     if model is None:
-        return _from_gguf(default_model_path())
+        return _from_gguf(default_model_path(), blocks)
     if str(model) in packaged.PACKAGES:
-        return _from_gguf(packaged.path(str(model)))
+        return _from_gguf(packaged.path(str(model)), blocks)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return _from_gguf(path)
+        return _from_gguf(path, blocks)
     if path.is_dir():
         if (path / "config.json").is_file():
             return ModelFiles(path, str(path))
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return _from_gguf(ggufs[0])
+            return _from_gguf(ggufs[0], blocks)
         raise ValueError(f"model directory {path} has no config.json (or exactly one .gguf file)")
     if path.suffix == ".gguf" or str(model).startswith((".", "/")):
         raise ValueError(f"model path {model} does not exist")
@@ -97,89 +96,10 @@ def _from_hub_cache(repo_id: str) -> ModelFiles:
     return ModelFiles(Path(path), repo_id)
 
 
-def _from_gguf(gguf: Path) -> ModelFiles:
-    # Keyed by the file's bytes, not its path: a reinstalled venv, a moved Bento or a fresh
-    # clone holds the same GGUF at a new path, and a path key converted it again each time,
-    # leaving the old fp32 copy (four times the file) behind until the disk filled.
-    # CONVERSION names how the directory was made: a newer reader of the same file gets its own.
-    key = hashlib.sha256(f"{CONVERSION}:{_digest(gguf)}".encode()).hexdigest()[:16]
-    # Named after the file a symlink points to (an HF cache snapshot is links to blobs), so
-    # a link and its target share one conversion; the source stays the path the user gave.
-    out = cache_root() / "gguf" / f"{gguf.resolve().stem}-{key}"
-    if not (out / "model.safetensors").is_file():
-        convert_gguf(gguf, out)
-    return ModelFiles(out, str(gguf))
+def _from_gguf(gguf: Path, blocks: bool) -> ModelFiles:
+    from engine.models import gguf_convert
 
-
-_DIGESTS: dict[tuple[str, int, int], str] = {}
-
-
-def _digest(path: Path) -> str:
-    """The file's sha256, once per process for an unchanged file (0.14 s per 100 MB)."""
-    stat = path.stat()
-    memo = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if memo not in _DIGESTS:
-        with path.open("rb") as f:
-            _DIGESTS[memo] = hashlib.file_digest(f, "sha256").hexdigest()
-    return _DIGESTS[memo]
-
-
-TMP_PREFIX = ".converting-"  # no converted directory's name starts with a dot
-STALE_TMP_S = 3600.0  # a conversion takes seconds to minutes; an hour-old one was killed
-
-
-def _remove_stale_tmp(root: Path) -> None:
-    """A conversion killed part way leaves its directory (fp32 weights, hundreds of MB);
-    the next conversion removes those old enough that no live one can own them."""
-    now = time.time()
-    for tmp in root.glob(f"{TMP_PREFIX}*"):
-        with contextlib.suppress(OSError):
-            if now - tmp.stat().st_mtime > STALE_TMP_S:
-                shutil.rmtree(tmp, ignore_errors=True)
-
-
-def convert_gguf(gguf: Path, out: Path) -> None:
-    """Dequantize a GGUF file into an HF directory (config, tokenizer, fp32 safetensors)."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    from engine.models import gguf_config, gguf_tensors, registry
-
-    with gguf_config.parsed_once():
-        config = gguf_config.restore(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
-        registry.text_config(config)  # refuses an architecture we cannot serve, before any work
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        if gguf_tensors.handles(config):  # files transformers' reader does not convert
-            tensors = gguf_tensors.convert(gguf, config)
-        else:
-            with torch.device("meta"):
-                skeleton = AutoModelForCausalLM.from_config(config)
-            tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)["tensors"]
-        stops = gguf_config.stop_token_ids(gguf, tokenizer)
-    # A directory of its own: a name from the pid collided across containers sharing the
-    # cache, where every process may be pid 1.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(out.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{out.name}-", dir=out.parent))
-    tmp.chmod(0o755)  # as a plain mkdir would make it; mkdtemp makes 0700
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # the weights we write are plain fp32
-    config.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if stops:
-        (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / "model.safetensors")
-    (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf.resolve())}))  # what the bytes are, for hf_id
-    shutil.rmtree(out, ignore_errors=True)
-    try:
-        tmp.rename(out)
-    except OSError:
-        # Another process converted the same bytes and renamed first: its copy is the same.
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (out / "model.safetensors").is_file():
-            raise
+    return ModelFiles(gguf_convert.converted(gguf, cache_root(), blocks), str(gguf), blocks)
 
 
 def load_config(files: ModelFiles) -> PretrainedConfig:
@@ -321,12 +241,16 @@ def build_model(
                     p.normal_(0.0, getattr(config, "initializer_range", 0.02))
     else:
         assert files is not None
+        if files.blocks_only and quantization != "gguf":
+            raise ValueError(f"{files.path} holds no GEMM weights: it serves quantization 'gguf' alone")
         weights = iter_weights(files)
         if scoring.is_classifier(config):  # its head is engine/scoring.py's; it has no LM head to load
             model.headless = True
             weights = ((name, src) for name, src in weights if not name.startswith("score."))
-        try:
-            model.load_weights(weights)
+        from engine.models import quantize
+
+        try:  # a blocks-only directory's GEMM weights stay unwritten (and so never paged in) until apply
+            model.load_weights(weights, quantize.replaced if files.blocks_only else None)
         except ValueError as exc:  # a tensor missing, extra or misshapen: the checkpoint's fault
             raise ParamError("model", f"{files.source}: {exc}") from None
         if model.headless and model.last and not model.tie:
@@ -336,6 +260,10 @@ def build_model(
         from engine.models import quantize
 
         quantize.apply(model, quantization, files.source if files is not None else "", config, int8_activations)
+        if files is not None and files.blocks_only:
+            unfilled = [name for name, _ in model.named_parameters() if quantize.replaced(name)]
+            if unfilled:  # would compute on uninitialized memory
+                raise ParamError("model", f"{files.source}: no GGUF blocks replaced {unfilled[:3]}")
     if quantization in (None, "mxfp4") and packed_linear.supported(device, dtype):
         model.pack_linears()  # `mxfp4` keeps every GEMM but the experts dense
     if fused and device.type == "cpu":

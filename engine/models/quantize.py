@@ -18,6 +18,7 @@ Activations and sums stay fp32. Anything that cannot be served is a ParamError n
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,8 @@ import torch
 from torch import nn
 
 from engine.errors import ParamError
-from engine.models import gguf_config
-from engine.models.gguf_tensors import unpermute
+from engine.models import gguf_config, mxfp4
+from engine.models.gguf_tensors import GGUF_EXPERTS, unpermute
 from kernels import quant
 
 MODES = ("gguf", "mxfp4", "int8")
@@ -44,7 +45,11 @@ ROUTERS = ("mlp.gate", "mlp.shared_expert_gate")
 # A Qwen2-MoE shared expert's GGUF tensors; the routed experts' are merged per layer.
 GGUF_SHARED_PARTS = {"mlp.shared_expert.gate_up_proj": ("ffn_gate_shexp", "ffn_up_shexp"),
                      "mlp.shared_expert.down_proj": ("ffn_down_shexp",)}
-GGUF_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+# Every GGUF tensor `gguf` computes on (as `<name>.weight`), and our parameters they replace.
+GGUF_ON_BLOCKS = frozenset({part for table in (GGUF_PARTS, GGUF_FUSED_PARTS, GGUF_SHARED_PARTS)
+                            for parts in table.values() for part in parts} | {"token_embd", "output", *GGUF_EXPERTS})
+REPLACED = (".qkv_proj.weight", ".o_proj.weight", ".gate_up_proj.weight", ".down_proj.weight", ".experts_gate_up",
+            ".experts_down")
 
 
 class QuantLinear(nn.Module):
@@ -124,6 +129,24 @@ class QuantEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = self.table
         return quant.dequant_rows(t.qweight, t.scales, ids, t.qtype, t.in_features)
+
+
+def settle(config: Any) -> Any:
+    """An EngineConfig with quantization "auto" replaced by what it stands for here
+    (`auto`), and a "gguf" file whose GEMM tensors lack a kernel refused before any
+    conversion: what the engine and the process that starts it both resolve the model by."""
+    from engine.models import loader
+
+    if config.quantization == "gguf":
+        preflight(loader.named_file(config.model))
+        return config
+    if config.quantization != "auto":
+        return config
+    config = config.model_copy(update={"quantization": auto(config)})
+    if config.int8_activations and config.quantization is None:
+        logging.getLogger(__name__).info("int8_activations: quantization 'auto' chose the dense weights here, "
+                                         "whose activations are not rounded")
+    return config
 
 
 def auto(config: Any) -> str | None:
@@ -294,12 +317,21 @@ def preflight(source: str) -> None:
     """Refuse a file the kernels cannot serve before the loader spends seconds to minutes
     dequantizing it: every GEMM tensor's block type is read from the header."""
     tensors = _tensors(source)
-    gemms = {part for table in (GGUF_PARTS, GGUF_FUSED_PARTS, GGUF_SHARED_PARTS) for parts in table.values()
-             for part in parts}
-    gemms |= {"token_embd", "output", *GGUF_EXPERTS}
     for name in tensors:
-        if name.endswith(".weight") and name.split(".")[-2] in gemms:
+        if on_blocks(name):
             _qtype(tensors, name)
+
+
+def on_blocks(name: str) -> bool:
+    """Whether `gguf` computes on this GGUF tensor's own blocks: a conversion for it
+    leaves the tensor out (engine/models/gguf_convert.py)."""
+    return name.endswith(".weight") and name.split(".")[-2] in GGUF_ON_BLOCKS
+
+
+def replaced(param: str) -> bool:
+    """Whether `gguf` replaces this parameter of our model by blocks (a GEMM weight, an
+    expert stack, the embedding or the head): one a blocks-only directory does not fill."""
+    return param in ("embed_tokens.weight", "lm_head.weight") or param.endswith(REPLACED)
 
 
 def _qtype(tensors: dict[str, Any], name: str) -> int:
@@ -320,6 +352,11 @@ def _blocks(tensors: dict[str, Any], name: str) -> tuple[int, torch.Tensor, int]
     qtype, t = _qtype(tensors, name), tensors[name]
     k = int(t.shape[0])
     data = torch.from_numpy(t.data.copy()).view(torch.uint8).reshape(-1, quant.row_bytes(qtype, k))
+    if qtype == quant.MXFP4:  # a NaN scale would compute silently
+        try:
+            mxfp4.check_gguf_blocks(data, name)
+        except ValueError as e:
+            raise ParamError("model", str(e)) from None
     return qtype, data, k
 
 

@@ -10,7 +10,7 @@ layer (transformers 5, gpt-oss, GGUF conversions), and gpt-oss's also in MXFP4 p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,7 +25,10 @@ FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_p
          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
-def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]]) -> None:
+def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]],
+         absent: Callable[[str], bool] | None = None) -> None:
+    """`absent`: the parameters the checkpoint may leave unfilled, because something else
+    fills them after (quantize.apply from a GGUF's blocks)."""
     params = dict(model.named_parameters())
     first_layer, end_layer = model.layer_range
     loaded: set[str] = set()
@@ -88,7 +91,7 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]]) -> No
     if pairs:
         name, got = next(iter(pairs.items()))
         raise ValueError(f"{name}_{'scales' if 'blocks' in got else 'blocks'} is missing: MXFP4 tensors come in pairs")
-    _check_complete(params, loaded, model.headless)
+    _check_complete({n: p for n, p in params.items() if absent is None or not absent(n)}, loaded, model.headless)
 
 
 def _module(model: DecoderForCausalLM, path: str, name: str):

@@ -54,7 +54,12 @@ def check(config: EngineConfig, placement: Placement, files: loader.ModelFiles, 
         return None
     from engine.models import quantize
 
-    dfiles = files if sc.model is None else _resolve(sc.model)
+    if sc.model is not None:
+        dfiles = _resolve(sc.model, sc.quantization == "gguf")
+    elif files.blocks_only and sc.quantization != "gguf":  # the target's own file, read densely
+        dfiles = _resolve(config.model, False)
+    else:
+        dfiles = files
     dconfig = hf_config if sc.model is None else loader.load_config(dfiles)
     if sc.model is not None:
         if dconfig.vocab_size != hf_config.vocab_size:
@@ -79,9 +84,9 @@ def check(config: EngineConfig, placement: Placement, files: loader.ModelFiles, 
     return DraftPlan(dfiles, dconfig, dtype)
 
 
-def _resolve(model: str) -> loader.ModelFiles:
+def _resolve(model: str | None, blocks: bool) -> loader.ModelFiles:
     try:
-        return loader.resolve(model)
+        return loader.resolve(model, blocks)
     except ValueError as e:
         raise ParamError("speculative_config.model", str(e)) from None
 

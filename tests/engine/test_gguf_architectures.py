@@ -154,6 +154,32 @@ def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, writt
     assert engine_greedy(quantized, prompts, 12, ignore_eos=True) == want
 
 
+def test_computing_on_the_blocks_converts_only_what_stays_dense(written, tmp_path, monkeypatch):
+    """Under `quantization: gguf` the GEMM weights and the embedding are the file's blocks:
+    its conversion holds only norms, biases and routers, and no fp32 copy of the GEMMs is
+    written (four times the file, on disk and in memory while converting). A parameter
+    that neither the directory nor the blocks fill is refused, never left as garbage."""
+    from safetensors import safe_open
+
+    from engine.models import gguf_convert, quantize
+
+    monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
+    _, gguf = written("qwen2_moe", "Q5_1")  # q/k/v biases, a router, a shared expert and its gate
+    LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization="gguf")
+    [rest] = (tmp_path / "cache" / "gguf").iterdir()
+    assert rest.name.endswith(gguf_convert.REST)
+    with safe_open(rest / "model.safetensors", framework="pt") as f:
+        names = set(f.keys())
+    kept = ("norm.weight", ".bias", "mlp.gate.weight", "mlp.shared_expert_gate.weight")
+    assert any(n.endswith(".bias") for n in names) and any(n.endswith("mlp.gate.weight") for n in names)
+    assert [n for n in names if not n.endswith(kept)] == []
+
+    real = quantize.replaced
+    monkeypatch.setattr(quantize, "replaced", lambda name: name == "norm.weight" or real(name))
+    with pytest.raises(ParamError, match="no GGUF blocks replaced.*norm.weight"):
+        LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization="gguf")
+
+
 def test_a_block_type_without_a_kernel_is_refused_by_name(written):
     """An F16 file's tensors are no block type: `gguf` is refused naming the type, and
     `auto` serves the dense weights."""
@@ -194,12 +220,12 @@ def test_a_conversion_is_found_by_the_files_bytes_not_its_path(written, tmp_path
     import shutil
     import time
 
-    from engine.models import loader
+    from engine.models import gguf_convert, loader
 
     monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
     made = []
-    convert = loader.convert_gguf
-    monkeypatch.setattr(loader, "convert_gguf", lambda gguf, out: (made.append(out), convert(gguf, out)))
+    convert = gguf_convert.convert_gguf
+    monkeypatch.setattr(gguf_convert, "convert_gguf", lambda gguf, out, blocks: (made.append(out), convert(gguf, out, blocks)))
     _, qwen2 = written("qwen2")
     _, qwen3 = written("qwen3")
     first = loader.resolve(str(qwen2)).path
@@ -212,7 +238,7 @@ def test_a_conversion_is_found_by_the_files_bytes_not_its_path(written, tmp_path
     link.symlink_to(qwen2)
     assert loader.resolve(str(link)) == loader.ModelFiles(first, str(link)) and made == [first]
 
-    stale, live = (tmp_path / "cache" / "gguf" / f"{loader.TMP_PREFIX}{name}" for name in ("killed", "running"))
+    stale, live = (tmp_path / "cache" / "gguf" / f"{gguf_convert.TMP_PREFIX}{name}" for name in ("killed", "running"))
     stale.mkdir(), live.mkdir()
     hours_ago = time.time() - 2 * 3600
     os.utime(stale, (hours_ago, hours_ago))

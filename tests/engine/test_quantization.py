@@ -106,7 +106,7 @@ def test_int8_activations_under_auto_on_dense_weights_is_said(tiny_model_factory
     import logging
 
     model = str(tiny_model_factory("quant-tiny", tie_word_embeddings=False))
-    with caplog.at_level(logging.INFO, logger="engine.engine"):
+    with caplog.at_level(logging.INFO, logger="engine.models.quantize"):
         llm = LLM(model, dtype="float32", quantization="auto", int8_activations=True, **KW)
     assert llm.stats().quantization is None
     assert "int8_activations" in caplog.text
