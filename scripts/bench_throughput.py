@@ -27,6 +27,10 @@ with one output token: the prefill steps of the served benchmark's prompts alone
     python scripts/bench_throughput.py --runs 3 --workload grounded --speculative '{"method": "ngram"}'
     python scripts/bench_throughput.py --dtype bfloat16 --peer vllm --runs 3 --fixed 256,1
     python scripts/bench_throughput.py --shape qwen3-0.6b --peer vllm --num-requests 16
+    python scripts/bench_throughput.py --shape qwen3-0.6b --peer vllm --dtype bfloat16 --runs 2 --rounds 3
+
+`--rounds N` (with `--peer vllm`) keeps both engines loaded and takes turns, `--runs` runs
+of ours then as many of vLLM's, N times: each round's ratio, and both sides' spreads.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import subprocess
 import tempfile
 import time
@@ -123,23 +128,72 @@ def run_engine_structured(llm: LLM, reqs) -> tuple[float, int]:
     return time.perf_counter() - start, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
-def run_vllm(model_dir: Path, dtype: str, reqs, args) -> dict:
-    if not VLLM_PYTHON.is_file():
-        raise SystemExit("vLLM peer missing: run scripts/setup_vllm_peer.sh first")
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(reqs, f)
-    env = vllm_env(args.kv_bytes, args.peer_defaults)  # every core for its engine, as ours gets
-    cmd = [str(VLLM_PYTHON), str(ROOT / "scripts" / "peers" / "vllm_offline.py"), "--model", str(model_dir),
-           "--workload", f.name, "--dtype", dtype, "--max-num-seqs", str(args.max_num_seqs),
-           "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--load-format", args.load_format]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/tmp", preexec_fn=all_cores)
-    os.unlink(f.name)
-    if out.returncode != 0:
-        raise SystemExit(f"vLLM failed:\n{out.stderr[-4000:]}")
-    # vLLM and its libraries print too; the result is the one JSON line the peer script writes.
-    res = json.loads(next(line for line in out.stdout.splitlines() if line.startswith('{"elapsed"')))
-    assert res["produced"] == sum(n for _, n in reqs), "vLLM produced the wrong number of tokens"
-    return res
+class VllmPeer:
+    """vLLM's offline engine in its own venv and process, loaded once; `run(n)` times n
+    runs of the workload there and returns each one's tokens/s."""
+
+    def __init__(self, model_dir: Path, dtype: str, reqs, args) -> None:
+        if not VLLM_PYTHON.is_file():
+            raise SystemExit("vLLM peer missing: run scripts/setup_vllm_peer.sh first")
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(reqs, f)
+        self.workload, self.expected = f.name, sum(n for _, n in reqs)
+        env = vllm_env(args.kv_bytes, args.peer_defaults)  # every core for its engine, as ours gets
+        cmd = [str(VLLM_PYTHON), str(ROOT / "scripts" / "peers" / "vllm_offline.py"), "--model", str(model_dir),
+               "--workload", f.name, "--dtype", dtype, "--max-num-seqs", str(args.max_num_seqs),
+               "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--load-format", args.load_format]
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=env, cwd="/tmp", preexec_fn=all_cores)
+        self.startup = self._line("startup")["startup"]
+
+    def _line(self, key: str) -> dict:
+        # vLLM and its libraries print too; the results are the JSON lines the peer script writes.
+        for line in self.proc.stdout:
+            if line.startswith(f'{{"{key}"'):
+                return json.loads(line)
+        self.log.seek(0)
+        raise SystemExit(f"vLLM failed:\n{self.log.read()[-4000:]}")
+
+    def run(self, n: int) -> list[float]:
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        rates = []
+        for _ in range(n):
+            res = self._line("elapsed")
+            assert res["produced"] == self.expected, "vLLM produced the wrong number of tokens"
+            rates.append(res["produced"] / res["elapsed"])
+        return rates
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+        os.unlink(self.workload)
+
+
+def take_turns(llm: LLM, peer: VllmPeer, reqs, results: dict[str, list[float]], args) -> list[float]:
+    """--rounds: our --runs runs, then vLLM's, round after round, with both engines loaded,
+    so that drift in the machine's speed meets both sides alike. Each round's ratio is of
+    the two sides' means; ours go into results["engine"], vLLM's are returned."""
+    total, theirs, ratios = sum(n for _, n in reqs), [], []
+    print(f"vllm start-up {peer.startup:.1f}s")
+    for r in range(args.rounds):
+        mine = [total / run_engine(llm, reqs) for _ in range(args.runs)]
+        other = peer.run(args.runs)
+        results["engine"] += mine
+        theirs += other
+        ratios.append(statistics.mean(mine) / statistics.mean(other))
+        print(f"round {r + 1}: ours {' / '.join(f'{x:.1f}' for x in mine)} tok/s ({rel_spread(mine):.1%}), "
+              f"vllm {' / '.join(f'{x:.1f}' for x in other)} ({rel_spread(other):.1%}): {ratios[-1]:.2f}x")
+    peer.close()
+    print(f"engine / vllm over {args.rounds} rounds: {min(ratios):.2f}-{max(ratios):.2f}x, median "
+          f"{statistics.median(ratios):.2f}x; ours {min(results['engine']):.1f}-{max(results['engine']):.1f} tok/s "
+          f"({rel_spread(results['engine']):.1%}), vllm {min(theirs):.1f}-{max(theirs):.1f} ({rel_spread(theirs):.1%})")
+    return theirs
+
+
+def rel_spread(xs: list[float]) -> float:
+    return (max(xs) - min(xs)) / min(xs)
 
 
 def load_hf(model_dir: Path, dtype: str):
@@ -185,6 +239,8 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of our engine")
     ap.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size of our engine")
     ap.add_argument("--runs", type=int, default=1, help="identical runs of our engine (spread check; 0: peer only)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="--peer vllm: both engines stay loaded and take turns, --runs runs each a round")
     ap.add_argument("--profile", action="store_true", help="per-step breakdown of our engine's time")
     ap.add_argument("--structured", action="store_true", help="also run the workload JSON-schema constrained")
     ap.add_argument("--backend", default="auto", choices=["auto", "torch", "native"])
@@ -214,6 +270,9 @@ def main() -> None:
         ap.error("--fixed sizes the random workload's requests; --workload grounded has its own")
     if args.peer is None:
         args.peer = "self" if args.tp * args.pp > 1 else "none"
+    if args.rounds > 1 and (args.peer != "vllm" or not args.runs or args.speculative):
+        ap.error("--rounds takes turns between our engine and vLLM: it needs --peer vllm and --runs, "
+                 "without --speculative")
 
     files = loader.resolve(args.model)
     config = loader.load_config(files)
@@ -241,7 +300,9 @@ def main() -> None:
         sllm = make_engine(args.model, args.dtype, args, args.tp, args.pp, speculative=spec) if spec else None
         if sllm is not None:  # untimed: each engine's first pass over the workload
             run_engine(llm, reqs), run_engine(sllm, reqs)
-        for i in range(args.runs):
+        if args.rounds > 1:
+            results["vllm"] = take_turns(llm, VllmPeer(files.path, args.dtype, reqs, args), reqs, results, args)
+        for i in range(args.runs if args.rounds == 1 else 0):
             results["engine"].append(total_out / run_engine(llm, reqs))
             print(f"engine run {i + 1}: {results['engine'][-1]:8.1f} tok/s")
             if sllm is not None:  # alternating, so drift on the machine hits both alike
@@ -257,7 +318,7 @@ def main() -> None:
         stats = llm.stats()
         ours = max(results["engine"])
         spread = (max(results["engine"]) - min(results["engine"])) / min(results["engine"])
-        print(f"engine best {ours:.1f} tok/s, spread {spread:.1%} over {args.runs} runs, "
+        print(f"engine best {ours:.1f} tok/s, spread {spread:.1%} over {len(results['engine'])} runs, "
               f"mean KV waste {stats.kv_waste_mean:.2%}, preemptions {stats.num_preemptions}")
     for mode in filter(None, args.quantization.split(",")):  # the same workload on quantized weights
         # Quantized weights keep fp32 activations, whatever --dtype gave the dense engine.
@@ -285,10 +346,11 @@ def main() -> None:
         gc.collect()
     if args.peer == "self" and ours:
         print(f"engine tp {args.tp} pp {args.pp} / one process: {ours / results['engine_tp1_pp1'][0]:.2f}x")
-    if args.peer == "vllm":
-        res = run_vllm(files.path, args.dtype, reqs, args)
-        results["vllm"] = [total_out / res["elapsed"]]
-        print(f"vllm:   {results['vllm'][0]:8.1f} tok/s  (start-up {res['startup']:.1f}s)")
+    if args.peer == "vllm" and args.rounds == 1:
+        peer = VllmPeer(files.path, args.dtype, reqs, args)
+        results["vllm"] = peer.run(1)
+        peer.close()
+        print(f"vllm:   {results['vllm'][0]:8.1f} tok/s  (start-up {peer.startup:.1f}s)")
     elif args.peer == "hf":
         model = load_hf(files.path, args.dtype)
         results["hf_static"] = [total_out / run_hf_static(model, reqs, args.static_batch)]
@@ -296,7 +358,7 @@ def main() -> None:
         results["hf_single"] = [total_out / run_hf_single(model, reqs)]
         print(f"hf one at a time:  {results['hf_single'][0]:8.1f} tok/s")
     for peer in results:
-        if not peer.startswith("engine") and ours:
+        if not peer.startswith("engine") and ours and args.rounds == 1:
             print(f"engine / {peer}: {ours / results[peer][0]:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({

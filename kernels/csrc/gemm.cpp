@@ -88,6 +88,7 @@ at::Tensor gemm_pack_glu(const at::Tensor& w) {
 
 #if defined(__AVX512F__)
 constexpr int R = 8, NV = 3;  // 24 accumulators, 3 weight vectors, 1 broadcast
+constexpr int64_t kAhead = 16384;  // bytes a streaming tile fetches ahead of its loads
 
 // A dtype's step of k: the weights' load, one row's broadcast (kept in a register, not a
 // memory operand per product), the products, the store.
@@ -160,15 +161,21 @@ inline void glu(const __m512* a, typename E::T* dst) {
 // RR rows of x (ldx apart) against one panel of K2 steps; y gets the first `cols` outputs
 // of each row: the panel's channels, or with Glu their silu(gate) * up. acc0: the bias for the panel's NR channels, or null. Kept out of line, as
 // qgemm.cpp's tile: inlined, GCC may spill the accumulators on every k.
-template <class E, int RR, bool Glu>
+// Stream: the first tile over the panel in this block of rows, whose weights come from
+// DRAM; it fetches kAhead bytes ahead of its loads (into the next panel at the end).
+template <class E, int RR, bool Glu, bool Stream>
 __attribute__((noinline)) void tile(const typename E::T* x, int64_t ldx, int64_t K2, const typename E::T* w,
                                     const float* acc0, typename E::T* y, int64_t ldy, int64_t cols) {
   constexpr int64_t KP = E::KP;
+  constexpr int64_t ahead = kAhead / sizeof(typename E::T);
   __m512 acc[RR][NV];
   for (int r = 0; r < RR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = acc0 ? _mm512_loadu_ps(acc0 + 16 * v) : _mm512_setzero_ps();
   for (int64_t k = 0; k < K2; ++k) {
     __m512 wv[NV];
+    if constexpr (Stream)
+      for (int v = 0; v < NV; ++v)
+        _mm_prefetch(reinterpret_cast<const char*>(w + (k * NR + 16 * v) * KP + ahead), _MM_HINT_T0);
     for (int v = 0; v < NV; ++v) wv[v] = E::load(w + (k * NR + 16 * v) * KP);
     for (int r = 0; r < RR; ++r) {
       const __m512 b = E::splat(x + r * ldx + KP * k);
@@ -188,14 +195,14 @@ __attribute__((noinline)) void tile(const typename E::T* x, int64_t ldx, int64_t
   }
 }
 
-template <class E, int RR, bool Glu>
+template <class E, int RR, bool Glu, bool Stream>
 void tail(int64_t left, const typename E::T* x, int64_t ldx, int64_t K2, const typename E::T* w, const float* acc0,
           typename E::T* y, int64_t ldy, int64_t cols) {
   if constexpr (RR > 0) {
     if (left == RR)
-      tile<E, RR, Glu>(x, ldx, K2, w, acc0, y, ldy, cols);
+      tile<E, RR, Glu, Stream>(x, ldx, K2, w, acc0, y, ldy, cols);
     else
-      tail<E, RR - 1, Glu>(left, x, ldx, K2, w, acc0, y, ldy, cols);
+      tail<E, RR - 1, Glu, Stream>(left, x, ldx, K2, w, acc0, y, ldy, cols);
   }
 }
 
@@ -218,8 +225,14 @@ void run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* 
         const float* bg = b0 ? b0 + g * NR : nullptr;
         T* yg = yp + g * width;
         int64_t r = m0;
-        for (; r + R <= m1; r += R) tile<E, R, Glu>(xp + r * ldx, ldx, K2, w, bg, yg + r * N, N, cols);
-        tail<E, R - 1, Glu>(m1 - r, xp + r * ldx, ldx, K2, w, bg, yg + r * N, N, cols);
+        if (m1 - r >= R) {  // the panel's first pass streams it; the others find it in L2
+          tile<E, R, Glu, true>(xp + r * ldx, ldx, K2, w, bg, yg + r * N, N, cols);
+          r += R;
+          for (; r + R <= m1; r += R) tile<E, R, Glu, false>(xp + r * ldx, ldx, K2, w, bg, yg + r * N, N, cols);
+          tail<E, R - 1, Glu, false>(m1 - r, xp + r * ldx, ldx, K2, w, bg, yg + r * N, N, cols);
+        } else {
+          tail<E, R - 1, Glu, true>(m1 - r, xp + r * ldx, ldx, K2, w, bg, yg + r * N, N, cols);
+        }
       }
     }
   });

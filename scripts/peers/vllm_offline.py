@@ -1,14 +1,18 @@
-"""Run the throughput workload through vLLM's offline LLM; print one JSON line.
+"""Run the throughput workload through vLLM's offline LLM; print one JSON line a run.
 
 Runs inside vLLM's own virtual environment (.peers/vllm, see scripts/setup_vllm_peer.sh),
 never the project's: `scripts/bench_throughput.py --peer vllm` starts it as a subprocess
-with the workload in a JSON file, so both engines see exactly the same token ids.
+with the workload in a JSON file, so both engines see exactly the same token ids. Once
+loaded it prints `{"startup": ...}`, then reads run counts from stdin, one a line, and
+times that many runs of the workload for each, so that the caller can alternate it with
+its own engine while both stay loaded.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 
@@ -34,11 +38,14 @@ def main() -> None:
     prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in reqs]
     llm.generate(prompts[:1], [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)], use_tqdm=False)
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    produced = sum(len(o.outputs[0].token_ids) for o in outs)
-    print(json.dumps({"elapsed": elapsed, "produced": produced, "startup": startup}))
+    print(json.dumps({"startup": startup}), flush=True)
+    for line in sys.stdin:
+        for _ in range(int(line)):
+            start = time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            elapsed = time.perf_counter() - start
+            produced = sum(len(o.outputs[0].token_ids) for o in outs)
+            print(json.dumps({"elapsed": elapsed, "produced": produced}), flush=True)
 
 
 if __name__ == "__main__":
