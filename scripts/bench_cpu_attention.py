@@ -18,6 +18,7 @@ heads, head_dim 128) over 28 layers' caches, at several context lengths.
 
     python scripts/bench_cpu_attention.py [--dtype float32] [--repeats 50]
     python scripts/bench_cpu_attention.py --cold [--dtype bfloat16]
+    python scripts/bench_cpu_attention.py --cold --qwen3 16,400   # 16 sequences of 400 tokens, Qwen3's heads
     python scripts/bench_cpu_attention.py --decode-one
 """
 
@@ -50,10 +51,11 @@ def make(seqs: int, ctx: int, q_len: int, dtype: torch.dtype, gen: torch.Generat
     return q, k, v, tables, qsl, lens
 
 
-def cold(dtype: torch.dtype, gen: torch.Generator, seqs: int = 64, ctx: int = 350, layers: int = 30) -> None:
-    scale = HEAD_DIM**-0.5
-    caches = [make(seqs, ctx, 1, dtype, gen) for _ in range(layers)]
-    kv_bytes = layers * 2 * seqs * ctx * KV_HEADS * HEAD_DIM * caches[0][1].element_size()
+def cold(dtype: torch.dtype, gen: torch.Generator, seqs: int = 64, ctx: int = 350, layers: int = 30,
+         heads: tuple[int, int, int] = (HEADS, KV_HEADS, HEAD_DIM)) -> None:
+    scale = heads[2] ** -0.5
+    caches = [make(seqs, ctx, 1, dtype, gen, heads) for _ in range(layers)]
+    kv_bytes = layers * 2 * seqs * ctx * heads[1] * heads[2] * caches[0][1].element_size()
     rates = []
     for _ in range(8):
         t = time.perf_counter()
@@ -85,12 +87,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--cold", action="store_true", help="decode over 30 layers' caches, from DRAM")
     ap.add_argument("--decode-one", action="store_true", help="one sequence's decode, Qwen3-0.6B heads")
+    ap.add_argument("--qwen3", metavar="SEQS,CTX", help="--cold on Qwen3's heads (16, 8 KV, head_dim 128), 28 layers")
     args = ap.parse_args()
     if not cpu.available():
         raise SystemExit("the native CPU kernels could not be built")
     dtype = getattr(torch, args.dtype)
     scale = HEAD_DIM**-0.5
     gen = torch.Generator().manual_seed(0)
+    if args.cold and args.qwen3:
+        seqs, ctx = (int(x) for x in args.qwen3.split(","))
+        return cold(dtype, gen, seqs, ctx, 28, (16, 8, 128))
     if args.cold or args.decode_one:
         (cold if args.cold else decode_one)(dtype, gen)
         return
