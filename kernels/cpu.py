@@ -166,6 +166,10 @@ def _register_fakes() -> None:
     def _(x, panels, n, bias):
         return x.new_empty(x.shape[0], n)
 
+    @torch.library.register_fake(lib + "moe_glu")
+    def _(x, offsets, gate_up, down, n):
+        return x.new_empty(x.shape[0], n)
+
     @torch.library.register_fake(lib + "argmax_rows")
     def _(logits):
         return logits.new_empty(logits.shape[0], dtype=torch.long)
@@ -301,6 +305,14 @@ def gemm_glu(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor |
     """silu(gate) * up [M, n] of x . W^T (+ bias), W as gemm_pack_glu made it: the GEMM and
     silu_mul in one pass, with the same bits as the two."""
     return op("gemm_glu")(x, panels, n, bias)
+
+
+def moe_glu(x: torch.Tensor, offsets: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, n: int
+            ) -> torch.Tensor:
+    """A mixture-of-experts layer's experts in one call: x [T, K] with rows grouped by expert
+    (int64 offsets [E + 1]), each group through its expert's silu GLU MLP: gate_up the
+    experts' gemm_pack_glu panels stacked, down their gemm_pack panels stacked; [T, n]."""
+    return op("moe_glu")(x, offsets, gate_up, down, n)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

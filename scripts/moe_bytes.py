@@ -95,7 +95,9 @@ def weight_bytes(model) -> tuple[int, int, int]:
     token reads: top-k of each expert layer's) as the model holds them."""
     experts = active = 0
     for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
-        if moe.packed:  # each expert's two GEMMs, packed or quantized (their callables' owners)
+        if moe.native is not None:  # every expert's panels, stacked for one native call
+            size = sum(t.nbytes for t in moe.native)
+        elif moe.packed:  # each expert's two GEMMs, packed or quantized (their callables' owners)
             size = sum(gemm_bytes(call.__self__) for pair in moe.packed for call in pair)
         else:
             size = moe.experts_gate_up.nbytes + moe.experts_down.nbytes

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import engine.engine as engine_module
 from engine.llm import LLM
 from engine.models import packed_linear
-from kernels import quant
+from kernels import cpu, quant
 
 
 class StepProfile:
@@ -49,6 +49,7 @@ class StepProfile:
         self._wrap(packed_linear, "linear", "gemm")
         self._wrap(packed_linear, "panel_linear", "gemm")
         self._wrap(quant, "qlinear", "gemm")  # quantized weights (engine/models/quantize.py)
+        self._wrap(cpu, "moe_glu", "gemm")  # an expert layer's experts in one native call
         self._wrap(engine_module, "prepare", "input preparation")
         self._wrap(eng.executor.runner, "model", "model forward")  # rank 0's part under parallelism
         self._wrap(eng.sampler, "verify", "sampler")  # every step samples through verify

@@ -237,7 +237,100 @@ void run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* 
     }
   });
 }
+
+// A mixture-of-experts layer's experts over tokens grouped by expert: rows [off[e],
+// off[e + 1]) of x go through expert e, silu(gate) * up of x . gate_up_e^T (panels from
+// gemm_pack_glu, stacked [E, G1, K2, NR, KP]), then . down_e^T ([E, G2, I2, NR, KP] from
+// gemm_pack). One call a layer: at a decode step of 16 sequences most experts get two or
+// three rows, and a call per expert GEMM (two per expert, 32 experts, 16 layers) paid its
+// dispatch, its thread fork and its Python a thousand times a step. Each phase spreads
+// (expert, panel) pairs over the threads, so the experts' weights stream in one pass.
+template <class E>
+void moe_run(const at::Tensor& x, const int64_t* off, int64_t experts, const at::Tensor& gate_up,
+             const at::Tensor& down, at::Tensor& h, at::Tensor& y) {
+  using T = typename E::T;
+  const int64_t H = y.size(1), I = h.size(1);
+  const int64_t G1 = gate_up.size(1), K1 = gate_up.size(2), G2 = down.size(1), K2 = down.size(2);
+  const int64_t panel1 = K1 * NR * E::KP, panel2 = K2 * NR * E::KP;
+  // Each expert's rows in blocks of MB, whose x rows stay in L2 across the panels, as run's.
+  struct Block {
+    int64_t e, m0, m1;
+  };
+  std::vector<Block> blocks;
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t m0 = off[e]; m0 < off[e + 1]; m0 += MB) blocks.push_back({e, m0, std::min(off[e + 1], m0 + MB)});
+  const int64_t n_blocks = blocks.size();
+  // rows [m0, m1) of `in` against one panel; the first tile streams it, the rest find it in L2
+  auto rows = [](auto glu, const T* in, int64_t ld_in, int64_t m0, int64_t m1, int64_t K, const T* w, T* out,
+                 int64_t ld_out, int64_t cols) {
+    constexpr bool Glu = decltype(glu)::value;
+    int64_t r = m0;
+    if (m1 - r >= R) {
+      tile<E, R, Glu, true>(in + r * ld_in, ld_in, K, w, nullptr, out + r * ld_out, ld_out, cols);
+      for (r += R; r + R <= m1; r += R) tile<E, R, Glu, false>(in + r * ld_in, ld_in, K, w, nullptr, out + r * ld_out, ld_out, cols);
+      tail<E, R - 1, Glu, false>(m1 - r, in + r * ld_in, ld_in, K, w, nullptr, out + r * ld_out, ld_out, cols);
+    } else {
+      tail<E, R - 1, Glu, true>(m1 - r, in + r * ld_in, ld_in, K, w, nullptr, out + r * ld_out, ld_out, cols);
+    }
+  };
+  const auto* xp = reinterpret_cast<const T*>(x.data_ptr());
+  auto* hp = reinterpret_cast<T*>(h.data_ptr());
+  auto* yp = reinterpret_cast<T*>(y.data_ptr());
+  const auto* w1 = reinterpret_cast<const T*>(gate_up.data_ptr());
+  const auto* w2 = reinterpret_cast<const T*>(down.data_ptr());
+  at::parallel_for(0, n_blocks * G1, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const Block& b = blocks[i / G1];
+      const int64_t g = i % G1;
+      rows(std::true_type{}, xp, x.stride(0), b.m0, b.m1, K1, w1 + (b.e * G1 + g) * panel1, hp + g * HALF, I,
+           std::min(HALF, I - g * HALF));
+    }
+  });
+  at::parallel_for(0, n_blocks * G2, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const Block& b = blocks[i / G2];
+      const int64_t g = i % G2;
+      rows(std::false_type{}, hp, I, b.m0, b.m1, K2, w2 + (b.e * G2 + g) * panel2, yp + g * NR, H,
+           std::min(NR, H - g * NR));
+    }
+  });
+}
 #endif
+
+// x [T, K] in rows grouped by expert (offsets [E + 1], int64), each expert's silu GLU
+// MLP: gate_up panels [E, G1, K / KP, NR, KP] (gemm_pack_glu's, stacked), down panels
+// [E, G2, I / KP, NR, KP] (gemm_pack's); y [T, N].
+at::Tensor moe_glu(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& gate_up, const at::Tensor& down,
+                   int64_t N) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(gemm_available(dtype), "moe_glu needs AVX-512 (and AVX512_BF16 for bf16)");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "moe_glu: x is [T, K], rows dense");
+  const int64_t kp = k_step(dtype), E = gate_up.size(0);
+  TORCH_CHECK(gate_up.dim() == 5 && down.dim() == 5 && gate_up.is_contiguous() && down.is_contiguous() &&
+                  gate_up.size(3) == NR && down.size(3) == NR && gate_up.size(4) == kp && down.size(4) == kp &&
+                  down.size(0) == E && gate_up.scalar_type() == dtype && down.scalar_type() == dtype,
+              "moe_glu: stacked panels from gemm_pack_glu and gemm_pack, in x's dtype");
+  TORCH_CHECK(x.size(1) == kp * gate_up.size(2), "moe_glu: x and the gate/up panels disagree on K");
+  const int64_t I = kp * down.size(2);
+  TORCH_CHECK(I > (gate_up.size(1) - 1) * HALF && I <= gate_up.size(1) * HALF && N > (down.size(1) - 1) * NR &&
+                  N <= down.size(1) * NR, "moe_glu: the panels disagree on the intermediate or output size");
+  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == E + 1 && offsets.scalar_type() == at::kLong,
+              "moe_glu: offsets are int64 [E + 1]");
+  const at::Tensor off = offsets.contiguous();
+  const int64_t* op = off.data_ptr<int64_t>();
+  TORCH_CHECK(op[0] == 0 && op[E] == x.size(0), "moe_glu: offsets run from 0 to the row count");
+  for (int64_t e = 0; e < E; ++e) TORCH_CHECK(op[e + 1] >= op[e], "moe_glu: offsets never decrease");
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  if (x.size(0) == 0) return y;
+  at::Tensor h = at::empty({x.size(0), I}, x.options());
+#if defined(__AVX512BF16__)
+  if (dtype == at::kBFloat16) moe_run<Bf16>(x, op, E, gate_up, down, h, y);
+#endif
+#if defined(__AVX512F__)
+  if (dtype == at::kFloat) moe_run<F32>(x, op, E, gate_up, down, h, y);
+#endif
+  return y;
+}
 
 // y = x . W^T + bias (glu false), or silu(gate) * up of it (glu true, panels from
 // gemm_pack_glu, N = I, bias [2 I] as the weight's rows).
@@ -293,6 +386,7 @@ TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
   m.def("gemm(Tensor x, Tensor panels, int n, Tensor? bias) -> Tensor");
   m.def("gemm_pack_glu(Tensor weight) -> Tensor");
   m.def("gemm_glu(Tensor x, Tensor panels, int n, Tensor? bias) -> Tensor");
+  m.def("moe_glu(Tensor x, Tensor offsets, Tensor gate_up, Tensor down, int n) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
@@ -300,6 +394,7 @@ TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
   m.impl("gemm", &gemm);
   m.impl("gemm_pack_glu", &gemm_pack_glu);
   m.impl("gemm_glu", &gemm_glu);
+  m.impl("moe_glu", &moe_glu);
 }
 
 TORCH_LIBRARY_IMPL(pagedserve, CatchAll, m) { m.impl("gemm_available", &gemm_available); }

@@ -152,3 +152,36 @@ def test_packed_linear_glu_returns_the_activation():
     assert not glu_available(BF16)  # bf16 keeps the separate pass (packed_linear.glu_available)
     with pytest.raises(ValueError, match="native fp32 GEMM"):
         PackedLinear(w.to(BF16), None, glu=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_grouped_expert_call_equals_each_experts_own_gemms(dtype):
+    """moe_glu runs every expert of a layer in one call: each expert's rows give the bits
+    of its own gemm_glu then gemm, whatever the others hold: experts with no row, one
+    row, tail rows and several row blocks, partial last panels. Offsets that do not
+    describe the rows are refused."""
+    gen = torch.Generator().manual_seed(7)
+    experts, hidden, inter = 6, 100, 40
+    gate_up = [(torch.randn(2 * inter, hidden, generator=gen) * 0.2).to(dtype) for _ in range(experts)]
+    down = [(torch.randn(hidden, inter, generator=gen) * 0.2).to(dtype) for _ in range(experts)]
+    counts = [3, 0, 70, 1, 0, 9]
+    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()])
+    x = torch.randn(sum(counts), hidden, generator=gen).to(dtype)
+    if not cpu.gemm_available(dtype):
+        with pytest.raises(RuntimeError, match="needs AVX-512"):
+            cpu.moe_glu(x, offsets, torch.zeros(1, 1, 1, 48, 1), torch.zeros(1, 1, 1, 48, 1), hidden)
+        return
+    stacked = (torch.stack([cpu.gemm_pack_glu(w) for w in gate_up]), torch.stack([cpu.gemm_pack(w) for w in down]))
+    got = cpu.moe_glu(x, offsets, *stacked, hidden)
+    assert got.shape == (sum(counts), hidden) and got.dtype == dtype
+    for e in range(experts):
+        rows = x[offsets[e]:offsets[e + 1]]
+        if len(rows):
+            want = cpu.gemm(cpu.gemm_glu(rows, cpu.gemm_pack_glu(gate_up[e]), inter, None), cpu.gemm_pack(down[e]),
+                            hidden, None)
+            assert torch.equal(got[offsets[e]:offsets[e + 1]], want)
+    assert cpu.moe_glu(x[:0], torch.zeros(experts + 1, dtype=torch.long), *stacked, hidden).shape == (0, hidden)
+    for bad, words in ((offsets.flip(0), "from 0 to the row count"), (offsets[:-1], r"\[E \+ 1\]"),
+                       (torch.tensor([0, 5, 3, 80, 80, 80, 83]), "never decrease")):
+        with pytest.raises(RuntimeError, match=words):
+            cpu.moe_glu(x, bad, *stacked, hidden)

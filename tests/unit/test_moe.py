@@ -41,8 +41,11 @@ def _per_token(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("shared", [0, 20])
 def test_the_expert_layer_equals_a_per_token_reference(shared):
-    """Also with each expert's GEMMs prepacked, as the CPU engine runs them."""
+    """Also with the experts prepacked as the CPU engine runs them: all of a layer's in one
+    native call where the CPU has the panel GEMM, else each expert's GEMMs on their own."""
     import copy
+
+    from kernels import cpu
 
     moe = _layer(shared=shared)
     x = torch.randn(37, 16)
@@ -51,8 +54,14 @@ def test_the_expert_layer_equals_a_per_token_reference(shared):
         torch.testing.assert_close(moe(x), want, rtol=1e-5, atol=1e-5)
         packed = copy.deepcopy(moe)
         packed.pack()
-        assert packed.experts_gate_up is None and len(packed.packed) == 4
+        assert packed.experts_gate_up is None
+        if cpu.gemm_available(torch.float32):
+            assert packed.native is not None and packed.packed == []
+        else:
+            assert packed.native is None and len(packed.packed) == 4
         torch.testing.assert_close(packed(x), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(packed(x[:1]), want[:1], rtol=1e-5, atol=1e-5)  # a lone token
+        assert packed(x[:0]).shape == (0, 16)  # an empty step
 
 
 def test_tied_scores_unused_experts_and_one_expert_for_every_token():
@@ -110,3 +119,24 @@ def test_one_token_reads_only_its_top_k_experts():
         moe(x)
         chosen, _ = moe.route(x)
     assert sorted(touched) == sorted(chosen[0].tolist() * 2)  # gate/up and down of each chosen expert
+
+
+def test_the_native_expert_call_computes_with_the_chosen_experts_alone():
+    """With all of a layer's experts in one native call, the experts no token chose are
+    never multiplied in: their panels poisoned with NaN change nothing."""
+    from kernels import cpu
+
+    if not cpu.gemm_available(torch.float32):
+        pytest.skip("this CPU has no native fp32 panel GEMM; the per-expert path is tested above")
+    moe = _layer(experts=8, top_k=2)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        want = _per_token(moe, x)
+        chosen = set(moe.route(x)[0].flatten().tolist())
+        moe.pack()
+        gate_up, down = moe.native
+        for e in set(range(8)) - chosen:
+            gate_up[e].fill_(float("nan"))
+            down[e].fill_(float("nan"))
+        assert len(chosen) < 8
+        torch.testing.assert_close(moe(x), want, rtol=1e-5, atol=1e-5)

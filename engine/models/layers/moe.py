@@ -29,7 +29,7 @@ class SparseMoE(nn.Module):
     def __init__(self, hidden: int, spec: MoESpec, act: str, tp: parallel.Group) -> None:
         super().__init__()
         self.spec, self.tp = spec, tp
-        self.act = ACTIVATIONS[act]
+        self.act, self.act_name = ACTIVATIONS[act], act
         self.inter_range = parallel.split(spec.inter, tp.size, tp.rank)
         self.inter = self.inter_range[1] - self.inter_range[0]
         self.gate = nn.Linear(hidden, spec.experts, bias=spec.router_bias)  # the router
@@ -46,12 +46,26 @@ class SparseMoE(nn.Module):
         # `quantization: mxfp4`: each expert's checkpoint MXFP4 rows as GGML blocks, by
         # projection, until engine/models/quantize.py computes on them
         self.kept_mxfp4: dict[str, list[torch.Tensor]] = {}
+        # every expert's gate/up and down panels stacked, for one native call a layer
+        self.native: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def pack(self) -> None:
         """Prepack every expert's weights for oneDNN or the native GEMM, as the dense
-        layers are (a small expert GEMM gains most from it), and drop the 3-D originals."""
+        layers are (a small expert GEMM gains most from it), and drop the 3-D originals.
+        Where the native GEMM takes the dtype and the experts are plain silu GLUs, all of
+        them run in one call a layer (kernels/csrc/gemm.cpp moe_glu)."""
         from engine.models.packed_linear import PackedLinear
+        from kernels import cpu
 
+        w = self.experts_gate_up
+        if (cpu.gemm_available(w.dtype) and self.act_name == "silu" and not self.spec.expert_bias
+                and not self.spec.swiglu_limit and (w.dtype != torch.bfloat16 or (w.shape[2] % 2 == 0
+                                                                                   and self.inter % 2 == 0))):
+            self.native = (torch.stack([cpu.gemm_pack_glu(w[e]) for e in range(self.spec.experts)]),
+                           torch.stack([cpu.gemm_pack(self.experts_down[e]) for e in range(self.spec.experts)]))
+            self.experts_gate_up = None
+            self.experts_down = None
+            return
         self.packed = [(PackedLinear(self.experts_gate_up[e], self.expert_bias("gate_up", e)).forward,
                         PackedLinear(self.experts_down[e], self.expert_bias("down", e)).forward)
                        for e in range(self.spec.experts)]
@@ -97,7 +111,9 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         experts, weights = self.route(x)
         n, k = experts.shape
-        if n == 1 and self.packed:
+        if self.native is not None:
+            out = self._native(x, experts, weights)
+        elif n == 1 and self.packed:
             out = self._one_token(x, experts[0].tolist(), weights[0])
         else:
             out = self._grouped(x, experts, weights)
@@ -116,6 +132,19 @@ class SparseMoE(nn.Module):
             y = down(self.glu(gate_up(x))) * weights[j]
             out = y if out is None else out.add_(y)
         return out
+
+    def _native(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """_grouped's order and combine, every expert's MLP in one native call."""
+        from kernels import cpu
+
+        n = experts.shape[0]
+        flat = experts.t().reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        offsets = F.pad(torch.bincount(flat, minlength=self.spec.experts).cumsum(0), (1, 0))
+        tokens = order % n
+        ys = cpu.moe_glu(x[tokens], offsets, *self.native, x.shape[-1])
+        ys = ys * weights.t().reshape(-1)[order, None]
+        return torch.zeros_like(x).index_add_(0, tokens, ys.to(x.dtype))
 
     def _grouped(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         n = experts.shape[0]
