@@ -2,7 +2,7 @@
 mixture-of-experts step read the routed experts' weights and no others?
 
 Every GEMM entry point the model calls (the native quantized kernel, the packed fp32
-GEMMs, torch's linear) and the embedding lookup are wrapped to add the bytes of the
+GEMMs, a layer's native expert call, torch's linear) and the embedding lookup are wrapped to add the bytes of the
 weight they were handed; one decode token of one request is counted. The expectation
 comes from the weights themselves: every non-expert GEMM weight whole, one embedding
 row, and of each expert layer exactly top-k experts' share of its experts.
@@ -26,7 +26,7 @@ from engine.models import packed_linear  # noqa: E402
 from engine.models.layers.moe import SparseMoE  # noqa: E402
 from engine.models.packed_linear import PackedLinear  # noqa: E402
 from engine.models.quantize import QuantConcat, QuantLinear  # noqa: E402
-from kernels import quant  # noqa: E402
+from kernels import cpu, quant  # noqa: E402
 
 
 class Counter:
@@ -36,10 +36,10 @@ class Counter:
         self.bytes = 0
         self.calls = 0
         self.saved = (quant.qlinear, quant.dequant_rows, packed_linear.linear, packed_linear.panel_linear, F.linear,
-                      F.embedding)
+                      F.embedding, cpu.moe_glu)
 
     def __enter__(self) -> Counter:
-        q, rows, lin, panel, flin, emb = self.saved
+        q, rows, lin, panel, flin, emb, moe = self.saved
 
         def qlinear(x, w, scales, qtype, k, kernel="auto", int8_activations=False):
             self._add(w.nbytes + (0 if scales is None else scales.nbytes))
@@ -65,14 +65,19 @@ class Counter:
             self._add(ids.numel() * weight.shape[1] * weight.element_size())
             return emb(ids, weight, *args, **kwargs)
 
+        def moe_glu(x, offsets, gate_up, down, n):  # the panels of the experts given rows
+            used = (offsets[1:] > offsets[:-1]).nonzero().flatten().tolist()
+            self._add(sum(gate_up[e].nbytes + down[e].nbytes for e in used))
+            return moe(x, offsets, gate_up, down, n)
+
         quant.qlinear, quant.dequant_rows = qlinear, dequant_rows
         packed_linear.linear, packed_linear.panel_linear = linear, panel_linear
-        F.linear, F.embedding = flinear, embedding
+        F.linear, F.embedding, cpu.moe_glu = flinear, embedding, moe_glu
         return self
 
     def __exit__(self, *exc) -> None:
         (quant.qlinear, quant.dequant_rows, packed_linear.linear, packed_linear.panel_linear, F.linear,
-         F.embedding) = self.saved
+         F.embedding, cpu.moe_glu) = self.saved
 
     def _add(self, n: int) -> None:
         self.bytes += n
