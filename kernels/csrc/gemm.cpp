@@ -206,6 +206,18 @@ void tail(int64_t left, const typename E::T* x, int64_t ldx, int64_t K2, const t
   }
 }
 
+// Rows [m0, m1) of x (ldx apart) against one panel, into y (ldy apart): the first tile
+// streams the panel from memory, the others find it in L2.
+template <class E, bool Glu>
+void panel_rows(const typename E::T* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K2, const typename E::T* w,
+                const float* acc0, typename E::T* y, int64_t ldy, int64_t cols) {
+  int64_t r = m0;
+  if (m1 - r < R) return tail<E, R - 1, Glu, true>(m1 - r, x + r * ldx, ldx, K2, w, acc0, y + r * ldy, ldy, cols);
+  tile<E, R, Glu, true>(x + r * ldx, ldx, K2, w, acc0, y + r * ldy, ldy, cols);
+  for (r += R; r + R <= m1; r += R) tile<E, R, Glu, false>(x + r * ldx, ldx, K2, w, acc0, y + r * ldy, ldy, cols);
+  tail<E, R - 1, Glu, false>(m1 - r, x + r * ldx, ldx, K2, w, acc0, y + r * ldy, ldy, cols);
+}
+
 // y [M, N] from x and the panels; with Glu, N is I and each panel gives HALF outputs.
 template <class E, bool Glu>
 void run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* b0, at::Tensor& y) {
@@ -223,16 +235,7 @@ void run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* 
         const T* w = wp + g * panel;
         const int64_t cols = std::min(width, N - g * width);
         const float* bg = b0 ? b0 + g * NR : nullptr;
-        T* yg = yp + g * width;
-        int64_t r = m0;
-        if (m1 - r >= R) {  // the panel's first pass streams it; the others find it in L2
-          tile<E, R, Glu, true>(xp + r * ldx, ldx, K2, w, bg, yg + r * N, N, cols);
-          r += R;
-          for (; r + R <= m1; r += R) tile<E, R, Glu, false>(xp + r * ldx, ldx, K2, w, bg, yg + r * N, N, cols);
-          tail<E, R - 1, Glu, false>(m1 - r, xp + r * ldx, ldx, K2, w, bg, yg + r * N, N, cols);
-        } else {
-          tail<E, R - 1, Glu, true>(m1 - r, xp + r * ldx, ldx, K2, w, bg, yg + r * N, N, cols);
-        }
+        panel_rows<E, Glu>(xp, ldx, m0, m1, K2, w, bg, yp + g * width, N, cols);
       }
     }
   });
@@ -243,8 +246,9 @@ void run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* 
 // gemm_pack_glu, stacked [E, G1, K2, NR, KP]), then . down_e^T ([E, G2, I2, NR, KP] from
 // gemm_pack). One call a layer: at a decode step of 16 sequences most experts get two or
 // three rows, and a call per expert GEMM (two per expert, 32 experts, 16 layers) paid its
-// dispatch, its thread fork and its Python a thousand times a step. Each phase spreads
-// (expert, panel) pairs over the threads, so the experts' weights stream in one pass.
+// dispatch, its thread fork and its Python a thousand times a step. Each phase (gate/up
+// for every expert, then down) spreads (expert, block of rows, panel) items over the
+// threads, so the experts' weights stream in one pass.
 template <class E>
 void moe_run(const at::Tensor& x, const int64_t* off, int64_t experts, const at::Tensor& gate_up,
              const at::Tensor& down, at::Tensor& h, at::Tensor& y) {
@@ -260,19 +264,6 @@ void moe_run(const at::Tensor& x, const int64_t* off, int64_t experts, const at:
   for (int64_t e = 0; e < experts; ++e)
     for (int64_t m0 = off[e]; m0 < off[e + 1]; m0 += MB) blocks.push_back({e, m0, std::min(off[e + 1], m0 + MB)});
   const int64_t n_blocks = blocks.size();
-  // rows [m0, m1) of `in` against one panel; the first tile streams it, the rest find it in L2
-  auto rows = [](auto glu, const T* in, int64_t ld_in, int64_t m0, int64_t m1, int64_t K, const T* w, T* out,
-                 int64_t ld_out, int64_t cols) {
-    constexpr bool Glu = decltype(glu)::value;
-    int64_t r = m0;
-    if (m1 - r >= R) {
-      tile<E, R, Glu, true>(in + r * ld_in, ld_in, K, w, nullptr, out + r * ld_out, ld_out, cols);
-      for (r += R; r + R <= m1; r += R) tile<E, R, Glu, false>(in + r * ld_in, ld_in, K, w, nullptr, out + r * ld_out, ld_out, cols);
-      tail<E, R - 1, Glu, false>(m1 - r, in + r * ld_in, ld_in, K, w, nullptr, out + r * ld_out, ld_out, cols);
-    } else {
-      tail<E, R - 1, Glu, true>(m1 - r, in + r * ld_in, ld_in, K, w, nullptr, out + r * ld_out, ld_out, cols);
-    }
-  };
   const auto* xp = reinterpret_cast<const T*>(x.data_ptr());
   auto* hp = reinterpret_cast<T*>(h.data_ptr());
   auto* yp = reinterpret_cast<T*>(y.data_ptr());
@@ -282,16 +273,16 @@ void moe_run(const at::Tensor& x, const int64_t* off, int64_t experts, const at:
     for (int64_t i = i0; i < i1; ++i) {
       const Block& b = blocks[i / G1];
       const int64_t g = i % G1;
-      rows(std::true_type{}, xp, x.stride(0), b.m0, b.m1, K1, w1 + (b.e * G1 + g) * panel1, hp + g * HALF, I,
-           std::min(HALF, I - g * HALF));
+      panel_rows<E, true>(xp, x.stride(0), b.m0, b.m1, K1, w1 + (b.e * G1 + g) * panel1, nullptr, hp + g * HALF, I,
+                          std::min(HALF, I - g * HALF));
     }
   });
   at::parallel_for(0, n_blocks * G2, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const Block& b = blocks[i / G2];
       const int64_t g = i % G2;
-      rows(std::false_type{}, hp, I, b.m0, b.m1, K2, w2 + (b.e * G2 + g) * panel2, yp + g * NR, H,
-           std::min(NR, H - g * NR));
+      panel_rows<E, false>(hp, I, b.m0, b.m1, K2, w2 + (b.e * G2 + g) * panel2, nullptr, yp + g * NR, H,
+                           std::min(NR, H - g * NR));
     }
   });
 }
