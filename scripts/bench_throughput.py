@@ -317,7 +317,7 @@ def main() -> None:
             del sllm
         stats = llm.stats()
         ours = max(results["engine"])
-        spread = (max(results["engine"]) - min(results["engine"])) / min(results["engine"])
+        spread = rel_spread(results["engine"])
         print(f"engine best {ours:.1f} tok/s, spread {spread:.1%} over {len(results['engine'])} runs, "
               f"mean KV waste {stats.kv_waste_mean:.2%}, preemptions {stats.num_preemptions}")
     for mode in filter(None, args.quantization.split(",")):  # the same workload on quantized weights
