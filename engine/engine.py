@@ -38,10 +38,9 @@ from engine.structured import Grammars
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        if config.quantization in ("auto", "gguf"):
-            from engine.models import quantize
+        from engine.models import quantize
 
-            config = quantize.settle(config)  # what "auto" stands for here, for every layer below
+        config = quantize.settle(config)  # what "auto" stands for here, for every layer below
         self.config = config
         files = loader.resolve(config.model, blocks=config.quantization == "gguf")
         hf_config = loader.load_config(files)

@@ -226,7 +226,7 @@ def build_model(
     import torch
 
     from engine import scoring
-    from engine.models import packed_linear, registry
+    from engine.models import packed_linear, quantize, registry
 
     torch.manual_seed(seed)
     with torch.device(device), _no_init():
@@ -247,8 +247,6 @@ def build_model(
         if scoring.is_classifier(config):  # its head is engine/scoring.py's; it has no LM head to load
             model.headless = True
             weights = ((name, src) for name, src in weights if not name.startswith("score."))
-        from engine.models import quantize
-
         try:  # a blocks-only directory's GEMM weights stay unwritten (and so never paged in) until apply
             model.load_weights(weights, quantize.replaced if files.blocks_only else None)
         except ValueError as exc:  # a tensor missing, extra or misshapen: the checkpoint's fault
@@ -257,8 +255,6 @@ def build_model(
             model.lm_head.weight.data.zero_()  # never read; not left as uninitialized memory
     model = model.to(dtype=dtype).eval()
     if quantization is not None:
-        from engine.models import quantize
-
         quantize.apply(model, quantization, files.source if files is not None else "", config, int8_activations)
         if files is not None and files.blocks_only:
             unfilled = [name for name, _ in model.named_parameters() if quantize.replaced(name)]

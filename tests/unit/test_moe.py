@@ -121,22 +121,19 @@ def test_one_token_reads_only_its_top_k_experts():
     assert sorted(touched) == sorted(chosen[0].tolist() * 2)  # gate/up and down of each chosen expert
 
 
-def test_the_native_expert_call_computes_with_the_chosen_experts_alone():
-    """With all of a layer's experts in one native call, the experts no token chose are
-    never multiplied in: their panels poisoned with NaN change nothing."""
-    from kernels import cpu
-
-    if not cpu.gemm_available(torch.float32):
-        pytest.skip("this CPU has no native fp32 panel GEMM; the per-expert path is tested above")
+def test_a_packed_layer_computes_with_the_chosen_experts_alone():
+    """Packed as the CPU engine runs it (all experts in one native call, or a GEMM per
+    expert where the CPU lacks the panel GEMM), a step never multiplies in an expert no
+    token chose: their weights poisoned with NaN before packing change nothing."""
     moe = _layer(experts=8, top_k=2)
     x = torch.randn(3, 16)
     with torch.no_grad():
         want = _per_token(moe, x)
         chosen = set(moe.route(x)[0].flatten().tolist())
-        moe.pack()
-        gate_up, down = moe.native
-        for e in set(range(8)) - chosen:
-            gate_up[e].fill_(float("nan"))
-            down[e].fill_(float("nan"))
         assert len(chosen) < 8
+        for e in set(range(8)) - chosen:
+            moe.experts_gate_up[e].fill_(float("nan"))
+            moe.experts_down[e].fill_(float("nan"))
+        moe.pack()
         torch.testing.assert_close(moe(x), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(moe(x[:1]), want[:1], rtol=1e-5, atol=1e-5)  # the one-token path too

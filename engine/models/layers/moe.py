@@ -58,9 +58,9 @@ class SparseMoE(nn.Module):
         from kernels import cpu
 
         w = self.experts_gate_up
+        kp = 2 if w.dtype == torch.bfloat16 else 1  # bf16 panels take k in pairs
         if (cpu.gemm_available(w.dtype) and self.act_name == "silu" and not self.spec.expert_bias
-                and not self.spec.swiglu_limit and (w.dtype != torch.bfloat16 or (w.shape[2] % 2 == 0
-                                                                                   and self.inter % 2 == 0))):
+                and not self.spec.swiglu_limit and w.shape[2] % kp == 0 and self.inter % kp == 0):
             self.native = (torch.stack([cpu.gemm_pack_glu(w[e]) for e in range(self.spec.experts)]),
                            torch.stack([cpu.gemm_pack(self.experts_down[e]) for e in range(self.spec.experts)]))
             self.experts_gate_up = None
