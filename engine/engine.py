@@ -42,7 +42,7 @@ class LLMEngine:
 
         config = quantize.settle(config)  # what "auto" stands for here, for every layer below
         self.config = config
-        files = loader.resolve(config.model, blocks=config.quantization == "gguf")
+        files = loader.resolve(config.model, loader.reads_blocks(config.quantization, config.tensor_parallel_size))
         hf_config = loader.load_config(files)
         placement = Placement.resolve(config, hf_config)
         self.model_name = config.model or loader.DEFAULT_MODEL_NAME
@@ -59,7 +59,7 @@ class LLMEngine:
         self.generates = not scoring.is_classifier(hf_config)
         scorer = config.scorer or (scoring.ScorerConfig() if not self.generates else None)
         self.score_template = scorer.template if scorer is not None else None
-        self.score_head = scoring.head(files.path, hf_config, self.tokenizer, scorer) if scorer else None
+        self.score_head = scoring.head(files, hf_config, self.tokenizer, scorer) if scorer else None
 
         sc = config.speculative_config
         draft = spec.check(config, placement, files, hf_config, self.tokenizer)

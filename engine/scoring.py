@@ -25,6 +25,8 @@ from engine.errors import ParamError
 if TYPE_CHECKING:
     import torch
 
+    from engine.models.loader import ModelFiles
+
 
 class ScorerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -44,10 +46,15 @@ def is_classifier(hf_config: Any) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in getattr(hf_config, "architectures", None) or [])
 
 
-def head(path: Path, hf_config: Any, tokenizer: Any, scorer: ScorerConfig) -> torch.Tensor:
-    """The head's fp32 rows, read from the checkpoint's safetensors (never the possibly
-    quantized weights the engine computes with)."""
+def head(files: ModelFiles, hf_config: Any, tokenizer: Any, scorer: ScorerConfig) -> torch.Tensor:
+    """The head's fp32 rows, read from the checkpoint (never the possibly quantized or
+    packed weights the engine computes with): its safetensors, or a GGUF's own tensor
+    where its conversion left the embedding and the head in the file."""
     import torch
+
+    from engine.models import gguf_dense
+
+    path = files.path
 
     if scorer.classifier_from_token is not None:
         ids = []
@@ -58,8 +65,11 @@ def head(path: Path, hf_config: Any, tokenizer: Any, scorer: ScorerConfig) -> to
                                  "tokenizer; a yes/no head needs one token each")
             ids.append(found[0])
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        rows = _tensor(path, ("model.embed_tokens.weight", "embed_tokens.weight") if tied else ("lm_head.weight",))
-        no, yes = rows[ids[0]].float(), rows[ids[1]].float()
+        if files.blocks_only:
+            no, yes = gguf_dense.rows(files.source, "token_embd.weight" if tied else "output.weight", ids)
+        else:
+            rows = _tensor(path, ("model.embed_tokens.weight", "embed_tokens.weight") if tied else ("lm_head.weight",))
+            no, yes = rows[ids[0]].float(), rows[ids[1]].float()
         return (yes - no)[None, :]
     if not is_classifier(hf_config):
         raise ParamError("scorer", "scorer on a causal LM needs classifier_from_token (e.g. [\"no\", \"yes\"]); "

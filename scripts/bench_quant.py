@@ -22,6 +22,7 @@ cache, so a GGUF converts (the first start of a model), and adds what the cache 
 
     python scripts/bench_quant.py --rss --model /tmp/gpt-oss-shape --modes ,mxfp4
     python scripts/bench_quant.py --rss --first-load --model /tmp/q17-q4km.gguf --modes gguf
+    python scripts/bench_quant.py --rss --first-load --model /tmp/q17-q4km.gguf --modes '' --dtype bfloat16
 
 `--cold` times one decode row through each of a layer's GEMMs as a model step meets
 them: `--layers` copies of each weight, called in turn, so every block comes from DRAM
@@ -88,7 +89,7 @@ LOAD = """
 import json, sys, time
 from engine import LLM
 t = time.perf_counter()
-llm = LLM(sys.argv[2] or None, dtype="float32", quantization=sys.argv[1] or None, kv_cache_memory_bytes=64 << 20, max_model_len=256)
+llm = LLM(sys.argv[2] or None, dtype=sys.argv[3], quantization=sys.argv[1] or None, kv_cache_memory_bytes=64 << 20, max_model_len=256)
 seconds = time.perf_counter() - t
 status = dict(line.split(":", 1) for line in open("/proc/self/status"))
 rss, peak = (int(status[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM"))
@@ -96,7 +97,7 @@ print(json.dumps({"rss_mb": rss, "peak_mb": peak, "load_s": seconds, "weight_mb"
 """
 
 
-def rss(model: str, modes: str, first_load: bool) -> None:
+def rss(model: str, modes: str, first_load: bool, dtype: str) -> None:
     """Each setting in its own process: RSS after loading and its peak during the load,
     against the weights' own bytes; `first_load`: each in an empty conversion cache, with
     what the cache then holds."""
@@ -105,7 +106,7 @@ def rss(model: str, modes: str, first_load: bool) -> None:
     for mode in modes.split(","):
         with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as cache:
             env = dict(os.environ, PAGEDSERVE_CACHE=cache) if first_load else None
-            out = subprocess.run([sys.executable, "-c", LOAD, mode, model], capture_output=True, text=True,
+            out = subprocess.run([sys.executable, "-c", LOAD, mode, model, dtype], capture_output=True, text=True,
                                  check=True, env=env)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             held = sum(f.stat().st_size for f in Path(cache).rglob("*") if f.is_file()) / 1e6
@@ -141,13 +142,15 @@ def main() -> None:
     ap.add_argument("--model", default="", help="--rss: this model instead of the embedded one")
     ap.add_argument("--modes", default=",gguf,int8", help="--rss: the quantization settings, '' for null")
     ap.add_argument("--first-load", action="store_true", help="--rss: each setting in an empty conversion cache")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="--rss: the engine's dtype (the quantized settings need float32)")
     ap.add_argument("--a8", action="store_true", help="also each type with int8 activations (decode rows)")
     ap.add_argument("--shape", help="a dense shape of scripts/model_shapes.py instead of the embedded model's")
     ap.add_argument("--cold", action="store_true", help="one decode row, each weight from DRAM (int8 activations)")
     ap.add_argument("--layers", type=int, default=28, help="--cold: copies of each weight called in turn")
     args = ap.parse_args()
     if args.rss:
-        return rss(args.model, args.modes, args.first_load)
+        return rss(args.model, args.modes, args.first_load, args.dtype)
     gen = torch.Generator().manual_seed(0)
     if args.cold:
         return cold(args.shape, args.types, args.layers, gen)

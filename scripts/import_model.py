@@ -6,12 +6,15 @@
     python scripts/import_model.py --if-missing       # `make serve`: import once, then reuse
     PAGEDSERVE_CONFIG=config/gemma3-270m.yaml python scripts/import_model.py   # a packaged model, by its tag
 
-What is stored is always an HF-format directory (config, tokenizer, safetensors): a GGUF
-is dequantized here, once, with the engine's own loader, so a server or a container
-starts by reading safetensors instead of spending half a minute dequantizing on every
-cold start. An imported GGUF file is kept beside them, for `quantization: gguf`. Nothing is downloaded. The tag defaults to the serving preset's
-`service.model_tag` ($PAGEDSERVE_CONFIG, else config/default.yaml), which is what
-service.py looks up.
+What is stored is an HF-format directory (config, tokenizer, safetensors). For a GGUF it
+is the file itself beside the tensors that stay dense (norms, biases, routers), made here
+once with the engine's own loader: the engine reads the GEMM weights from the file's
+blocks at load, computing on them or dequantizing them into the model's dtype
+(engine/models/gguf_blocks.py), so the store, the Bento and the image carry the file's
+bytes, not an fp32 copy four times its size (the embedded model: 100 MB, where the fp32
+copy beside the file made 635). Nothing is downloaded. The tag defaults to the serving
+preset's `service.model_tag` ($PAGEDSERVE_CONFIG, else config/default.yaml), which is
+what service.py looks up.
 """
 
 from __future__ import annotations
@@ -37,14 +40,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def hf_dir(source: str | None):
-    """Resolve the source to a local HF directory with the engine's loader (GGUF -> dequantized)."""
+    """Resolve the source to a local HF directory with the engine's loader (a GGUF's holds
+    only what the file's blocks do not give)."""
     from engine.models import loader
 
     from engine.models import packaged
 
     if source is not None and source not in packaged.PACKAGES and not Path(source).expanduser().exists():
         raise SystemExit(f"error: {source} does not exist")
-    files = loader.resolve(source)
+    files = loader.resolve(source, blocks=True)
     loader.load_config(files)  # refuses architectures the engine cannot run, before storing anything
     if not any(files.path.glob("*.safetensors")):
         raise SystemExit(f"error: {files.path} has no *.safetensors weights")
@@ -80,14 +84,15 @@ def main(argv: list[str] | None = None) -> int:
         served = args.served_name or packaged.PACKAGES[source].name
     else:
         served = args.served_name or Path(args.source).expanduser().resolve().name.removesuffix(".gguf")
-    metadata = {"served_model_name": served, "source": files.source, "format": "hf-safetensors"}
+    metadata = {"served_model_name": served, "source": files.source,
+                "format": "gguf" if files.blocks_only else "hf-safetensors"}
     with bentoml.models.create(name, labels={"engine": "pagedserve"}, metadata=metadata) as model:
         dest = Path(model.path)
         for item in sorted(files.path.iterdir()):
             # Subdirectories (such as original/ checkpoints) are never read by the engine.
             if item.is_file() and not item.name.startswith(".") and item.suffix not in SKIP_SUFFIXES:
                 shutil.copy2(item, dest / item.name)
-        if files.source.endswith(".gguf"):  # its blocks, for `quantization: gguf` (engine/models/quantize.py)
+        if files.blocks_only:  # the GEMM weights, read from its blocks at load (loader.resolve)
             shutil.copy2(files.source, dest / Path(files.source).name)
     stored = bentoml.models.get(model.tag)
     print(f"imported {files.source} as {stored.tag} (serves as {served!r}) into {stored.path}")

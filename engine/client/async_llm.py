@@ -149,11 +149,10 @@ class AsyncLLM:
         else:
             assert config is not None, "AsyncLLM needs an engine or a config"
             self.engine = None
-            # A GGUF converts here once, before the engine process looks. "auto" mostly means the
-            # file's blocks (quantize.auto), whose conversion is the small one; where it means
-            # the dense weights, the engine process makes that one itself. Settling "auto" here
-            # would load torch into this process, which never needs it.
-            files = loader.resolve(config.model, blocks=config.quantization in ("gguf", "auto"))
+            # A GGUF converts here once, before the engine process looks: the conversion the
+            # engine will read (loader.reads_blocks; "auto" is the file's blocks or the dense
+            # weights dequantized from them, the same small conversion either way).
+            files = loader.resolve(config.model, loader.reads_blocks(config.quantization, config.tensor_parallel_size))
             self._core = ProcessClient(config, lambda: loader.load_tokenizer(files), *callbacks)
         if metrics is not None:
             cfg = config if config is not None else engine.config  # type: ignore[union-attr]

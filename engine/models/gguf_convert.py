@@ -2,13 +2,14 @@
 file's bytes and kept in a local cache: dequantizing takes far longer than reading
 safetensors.
 
-Two kinds. The whole model dequantized to fp32 serves the dense paths (bf16, tensor
-parallelism, transformers as the oracle). Under `quantization: gguf` the GEMM weights and
-the embedding are computed on the file's own blocks (engine/models/quantize.py), so that
-directory holds only the tensors that stay dense: norms, biases, routers, sinks. Writing
-the GEMMs in fp32 too cost four times the file on disk and held the whole fp32 model in
-memory while converting: a Qwen3-30B-A3B Q4_K_M file (18 GB) needed over 120 GB of each
-before a block was read.
+Two kinds. Wherever one process holds whole tensors, the engine reads the GEMM weights
+and the embedding from the file itself (loader.reads_blocks): computing on its blocks
+under `quantization: gguf` (engine/models/quantize.py), or dequantizing them into the
+dense model at load (engine/models/gguf_dense.py). That directory holds only the tensors
+that stay dense: norms, biases, routers, sinks. The whole model dequantized to fp32 is
+left to tensor-parallel ranks and to transformers as the oracle: it costs four times the
+file on disk and held the whole fp32 model in memory while converting (a Qwen3-30B-A3B
+Q4_K_M file, 18 GB, needed over 120 GB of each).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ STALE_TMP_S = 3600.0  # a conversion takes seconds to minutes; an hour-old one w
 
 def converted(gguf: Path, root: Path, blocks: bool) -> Path:
     """The directory made from `gguf` under `root`, converting the file if it is not there
-    yet; with `blocks`, the one without the tensors `quantization: gguf` reads from the file."""
+    yet; with `blocks`, the one without the tensors the engine reads from the file itself."""
     # Keyed by the file's bytes, not its path: a reinstalled venv, a moved Bento or a fresh
     # clone holds the same GGUF at a new path, and a path key converted it again each time,
     # leaving the old fp32 copy (four times the file) behind until the disk filled.
@@ -68,16 +69,16 @@ def _remove_stale_tmp(root: Path) -> None:
 
 def convert_gguf(gguf: Path, out: Path, blocks: bool = False) -> None:
     """Dequantize a GGUF file into an HF directory (config, tokenizer, fp32 safetensors);
-    with `blocks`, every tensor but those quantize.on_blocks names."""
+    with `blocks`, every tensor but those gguf_blocks.on_blocks names."""
     import gguf as gguf_package
     import torch
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from engine.models import gguf_config, gguf_tensors, quantize, registry
+    from engine.models import gguf_blocks, gguf_config, gguf_tensors, registry
 
-    keep = (lambda name: not quantize.on_blocks(name)) if blocks else (lambda name: True)
+    keep = (lambda name: not gguf_blocks.on_blocks(name)) if blocks else (lambda name: True)
     with gguf_config.parsed_once():
         config = gguf_config.restore(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
         registry.text_config(config)  # refuses an architecture we cannot serve, before any work
@@ -113,7 +114,7 @@ def convert_gguf(gguf: Path, out: Path, blocks: bool = False) -> None:
     save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / "model.safetensors")
     source = {"gguf": str(gguf.resolve())}  # what the bytes are, for loader.hf_id
     if blocks:
-        source["blocks"] = True  # the GEMM weights are the file's, read by quantize.apply
+        source["blocks"] = True  # the GEMM weights are the file's, read at load (gguf_blocks)
     (tmp / "source.json").write_text(json.dumps(source))
     shutil.rmtree(out, ignore_errors=True)
     try:

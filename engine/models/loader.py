@@ -35,8 +35,8 @@ __all__ = ["DEFAULT_MODEL_NAME", "ModelFiles", "resolve", "load_config", "load_t
 @dataclass
 class ModelFiles:
     """An HF-format directory on local disk, plus where it came from. `blocks_only`: a
-    GGUF's directory without the GEMM weights and the embedding, which only
-    `quantization: gguf` can fill (from `source`)."""
+    GGUF's directory without the GEMM weights and the embedding, which the loader reads
+    from the file `source` names (engine/models/gguf_blocks.py)."""
 
     path: Path
     source: str
@@ -59,10 +59,18 @@ def named_file(model: str | os.PathLike | None) -> str:
     return str(model)
 
 
+def reads_blocks(quantization: str | None, tensor_parallel_size: int) -> bool:
+    """Whether the engine reads a GGUF's GEMM weights from the file itself: computing on
+    its blocks (`quantization: gguf`), or dequantizing them into the dense model at load
+    (engine/models/gguf_dense.py) wherever a rank holds whole tensors. Tensor-parallel
+    ranks each hold a slice and read the fp32 conversion instead."""
+    return quantization == "gguf" or tensor_parallel_size == 1
+
+
 def resolve(model: str | os.PathLike | None, blocks: bool = False) -> ModelFiles:
-    """Turn what the user named into a local HF-format directory. `blocks`: the model
-    will compute on a GGUF's own blocks (`quantization: gguf`), so a GGUF's directory
-    holds only the tensors that stay dense (engine/models/gguf_convert.py)."""
+    """Turn what the user named into a local HF-format directory. `blocks` (reads_blocks):
+    the GEMM weights will be read from a GGUF's own blocks, so its directory holds only
+    the tensors that stay dense (engine/models/gguf_convert.py)."""
     if model is None:
         return _from_gguf(default_model_path(), blocks)
     if str(model) in packaged.PACKAGES:
@@ -72,7 +80,7 @@ def resolve(model: str | os.PathLike | None, blocks: bool = False) -> ModelFiles
         return _from_gguf(path, blocks)
     if path.is_dir():
         if (path / "config.json").is_file():
-            return ModelFiles(path, str(path))
+            return _from_directory(path, blocks)
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return _from_gguf(ggufs[0], blocks)
@@ -80,6 +88,24 @@ def resolve(model: str | os.PathLike | None, blocks: bool = False) -> ModelFiles
     if path.suffix == ".gguf" or str(model).startswith((".", "/")):
         raise ValueError(f"model path {model} does not exist")
     return _from_hub_cache(str(model))
+
+
+def _from_directory(path: Path, blocks: bool) -> ModelFiles:
+    """An HF-format directory; one a GGUF's conversion made without the GEMM weights
+    (its source.json says so; scripts/import_model.py stores it with the file beside it)
+    reads them from that file, or where a rank needs them dense (tensor parallelism),
+    from the file's full conversion."""
+    try:
+        made = json.loads((path / "source.json").read_text()) if (path / "source.json").is_file() else {}
+    except ValueError:
+        made = {}
+    if not made.get("blocks"):
+        return ModelFiles(path, str(path))
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) != 1:
+        raise ValueError(f"model directory {path} holds a GGUF's conversion without its GEMM weights, and "
+                         f"{len(ggufs)} .gguf files beside it where it needs the one they come from")
+    return ModelFiles(path, str(ggufs[0]), True) if blocks else _from_gguf(ggufs[0], False)
 
 
 def _from_hub_cache(repo_id: str) -> ModelFiles:
@@ -226,7 +252,7 @@ def build_model(
     import torch
 
     from engine import scoring
-    from engine.models import packed_linear, quantize, registry
+    from engine.models import gguf_blocks, gguf_dense, packed_linear, quantize, registry
 
     torch.manual_seed(seed)
     with torch.device(device), _no_init():
@@ -241,23 +267,25 @@ def build_model(
                     p.normal_(0.0, getattr(config, "initializer_range", 0.02))
     else:
         assert files is not None
-        if files.blocks_only and quantization != "gguf":
-            raise ValueError(f"{files.path} holds no GEMM weights: it serves quantization 'gguf' alone")
+        if files.blocks_only and model.dist.layout.tp > 1:
+            raise ValueError(f"{files.path} holds no GEMM weights: a tensor-parallel rank reads the full conversion")
         weights = iter_weights(files)
         if scoring.is_classifier(config):  # its head is engine/scoring.py's; it has no LM head to load
             model.headless = True
             weights = ((name, src) for name, src in weights if not name.startswith("score."))
-        try:  # a blocks-only directory's GEMM weights stay unwritten (and so never paged in) until apply
-            model.load_weights(weights, quantize.replaced if files.blocks_only else None)
+        try:  # a blocks-only directory's GEMM weights stay unwritten (and so never paged in) until read
+            model.load_weights(weights, gguf_blocks.replaced if files.blocks_only else None)
         except ValueError as exc:  # a tensor missing, extra or misshapen: the checkpoint's fault
             raise ParamError("model", f"{files.source}: {exc}") from None
+        if files.blocks_only and quantization != "gguf":  # dense weights, dequantized from the file's blocks
+            gguf_dense.fill(model, files.source, config, dtype)
         if model.headless and model.last and not model.tie:
             model.lm_head.weight.data.zero_()  # never read; not left as uninitialized memory
     model = model.to(dtype=dtype).eval()
     if quantization is not None:
         quantize.apply(model, quantization, files.source if files is not None else "", config, int8_activations)
         if files is not None and files.blocks_only:
-            unfilled = [name for name, _ in model.named_parameters() if quantize.replaced(name)]
+            unfilled = [name for name, _ in model.named_parameters() if gguf_blocks.replaced(name)]
             if unfilled:  # would compute on uninitialized memory
                 raise ParamError("model", f"{files.source}: no GGUF blocks replaced {unfilled[:3]}")
     if quantization in (None, "mxfp4") and packed_linear.supported(device, dtype):

@@ -26,30 +26,13 @@ import torch
 from torch import nn
 
 from engine.errors import ParamError
-from engine.models import gguf_config, mxfp4
-from engine.models.gguf_tensors import GGUF_EXPERTS, unpermute
+from engine.models import gguf_blocks
+from engine.models.gguf_tensors import unpermute
 from kernels import quant
 
 MODES = ("gguf", "mxfp4", "int8")
-# Our fused projections and the GGUF tensors that fill them, in order; Phi-3's files hold
-# the fused tensors themselves (attn_qkv, and ffn_up with gate and up).
-GGUF_PARTS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "self_attn.o_proj": ("attn_output",),
-              "mlp.gate_up_proj": ("ffn_gate", "ffn_up"), "mlp.down_proj": ("ffn_down",)}
-GGUF_FUSED_PARTS = {"self_attn.qkv_proj": ("attn_qkv",), "self_attn.o_proj": ("attn_output",),
-                    "mlp.gate_up_proj": ("ffn_up",), "mlp.down_proj": ("ffn_down",)}
-# The architectures whose q and k rows llama.cpp's converter interleaves (its Llama family,
-# Mixtral filed as `llama` among them).
-PERMUTED = {"llama", "mistral", "granite", "mixtral"}
 # An expert layer's router and a shared expert's gate: kept dense under every mode.
 ROUTERS = ("mlp.gate", "mlp.shared_expert_gate")
-# A Qwen2-MoE shared expert's GGUF tensors; the routed experts' are merged per layer.
-GGUF_SHARED_PARTS = {"mlp.shared_expert.gate_up_proj": ("ffn_gate_shexp", "ffn_up_shexp"),
-                     "mlp.shared_expert.down_proj": ("ffn_down_shexp",)}
-# Every GGUF tensor `gguf` computes on (as `<name>.weight`), and our parameters they replace.
-GGUF_ON_BLOCKS = frozenset({part for table in (GGUF_PARTS, GGUF_FUSED_PARTS, GGUF_SHARED_PARTS)
-                            for parts in table.values() for part in parts} | {"token_embd", "output", *GGUF_EXPERTS})
-REPLACED = (".qkv_proj.weight", ".o_proj.weight", ".gate_up_proj.weight", ".down_proj.weight", ".experts_gate_up",
-            ".experts_down")
 
 
 class QuantLinear(nn.Module):
@@ -138,7 +121,7 @@ def settle(config: Any) -> Any:
     from engine.models import loader
 
     if config.quantization == "gguf":
-        preflight(loader.named_file(config.model))
+        gguf_blocks.preflight(loader.named_file(config.model))
         return config
     if config.quantization != "auto":
         return config
@@ -167,9 +150,9 @@ def auto(config: Any) -> str | None:
     if _mxfp4_checkpoint(loader.named_file(config.model)):
         return "mxfp4"
     try:
-        preflight(loader.named_file(config.model))
+        gguf_blocks.preflight(loader.named_file(config.model))
     except ParamError:  # not a GGUF, or a block type without a kernel
-        _READERS.clear()  # no apply() will read the header preflight parsed
+        gguf_blocks.release()  # no apply() will read the header preflight parsed
         return None
     return "gguf"
 
@@ -212,7 +195,7 @@ def apply(model: Any, mode: str, source: str, config: Any, int8_activations: boo
     if mode == "mxfp4":
         _mxfp4_experts(model, source, int8_activations)
         return
-    tensors = _tensors(source) if mode == "gguf" else {}
+    tensors = gguf_blocks.tensors(source) if mode == "gguf" else {}
     if mode == "gguf":
         parts = _gguf_layers(model, tensors, config)
     else:  # a router (and a shared expert's gate) keeps its dense weights: it picks, it does not compute
@@ -231,7 +214,7 @@ def apply(model: Any, mode: str, source: str, config: Any, int8_activations: boo
     else:
         model.head = table
     model.embed_tokens = QuantEmbedding(table)
-    _READERS.clear()  # its mapping of the file: every block is copied out by now
+    gguf_blocks.release()  # its mapping of the file: every block is copied out by now
     if int8_activations:
         for mod in model.modules():  # the experts are modules of their layer too
             if isinstance(mod, QuantLinear):
@@ -287,113 +270,28 @@ def _int8_expert(moe: Any, e: int) -> tuple[QuantLinear, QuantLinear]:
 
 
 # -- GGUF -------------------------------------------------------------------------------
-def _reader(source: str) -> Any:
-    """The GGUF file itself, or the one a model directory holds (scripts/import_model.py
-    keeps the file next to the dequantized weights when it imports a GGUF)."""
-    path = Path(source)
-    if path.is_dir():
-        found = sorted(path.glob("*.gguf"))
-        path = found[0] if len(found) == 1 else path
-    if path.suffix != ".gguf" or not path.is_file():
-        raise ParamError("quantization", f"quantization 'gguf' computes on a GGUF file's blocks; the model "
-                         f"{source!r} is not a .gguf file nor a directory holding one (use 'int8' for other "
-                         "checkpoints; scripts/import_model.py keeps an imported GGUF next to its weights)")
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _READERS:  # preflight and apply read the same file: parse it once (seconds for a big vocabulary)
-        _READERS.clear()
-        _READERS[key] = gguf_config.open_reader(path)
-    return _READERS[key]
-
-
-_READERS: dict[tuple[str, int, int], Any] = {}  # the last file's parsed header
-
-
-def _tensors(source: str) -> dict[str, Any]:
-    return {t.name: t for t in _reader(source).tensors}
-
-
-def preflight(source: str) -> None:
-    """Refuse a file the kernels cannot serve before the loader spends seconds to minutes
-    dequantizing it: every GEMM tensor's block type is read from the header."""
-    tensors = _tensors(source)
-    for name in tensors:
-        if on_blocks(name):
-            _qtype(tensors, name)
-
-
-def on_blocks(name: str) -> bool:
-    """Whether `gguf` computes on this GGUF tensor's own blocks: a conversion for it
-    leaves the tensor out (engine/models/gguf_convert.py)."""
-    return name.endswith(".weight") and name.split(".")[-2] in GGUF_ON_BLOCKS
-
-
-def replaced(param: str) -> bool:
-    """Whether `gguf` replaces this parameter of our model by blocks (a GEMM weight, an
-    expert stack, the embedding or the head): one a blocks-only directory does not fill."""
-    return param in ("embed_tokens.weight", "lm_head.weight") or param.endswith(REPLACED)
-
-
-def _qtype(tensors: dict[str, Any], name: str) -> int:
-    """The GGUF type of one tensor, refused if no kernel reads it."""
-    t = tensors.get(name)
-    if t is None:
-        raise ParamError("quantization", f"the GGUF file has no tensor {name!r}")
-    qtype = int(t.tensor_type)
-    if qtype not in quant.FORMATS or qtype == quant.INT8_ROWS:
-        supported = ", ".join(f.name for q, f in quant.FORMATS.items() if q != quant.INT8_ROWS)
-        raise ParamError("quantization", f"GGUF tensor {name!r} is {t.tensor_type.name}; quantization 'gguf' "
-                         f"serves {supported}")
-    return qtype
-
-
-def _blocks(tensors: dict[str, Any], name: str) -> tuple[int, torch.Tensor, int]:
-    """(type, [N, row_bytes] bytes, K) of one GGUF tensor."""
-    qtype, t = _qtype(tensors, name), tensors[name]
-    k = int(t.shape[0])
-    data = torch.from_numpy(t.data.copy()).view(torch.uint8).reshape(-1, quant.row_bytes(qtype, k))
-    if qtype == quant.MXFP4:  # a NaN scale would compute silently
-        try:
-            mxfp4.check_gguf_blocks(data, name)
-        except ValueError as e:
-            raise ParamError("model", str(e)) from None
-    return qtype, data, k
-
-
 def _gguf_table(tensors: dict[str, Any], name: str) -> QuantLinear:
-    qtype, data, k = _blocks(tensors, f"{name}.weight")
+    qtype, data, k = gguf_blocks.blocks(tensors, f"{name}.weight")
     return QuantLinear(data, None, qtype, k)
 
 
 def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, QuantLinear | QuantConcat]:
-    from engine.models.layers.moe import SparseMoE
-
+    for moe, names in gguf_blocks.experts(model):
+        moe.use_experts(_gguf_experts(tensors, names, moe))
     out = {}
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    heads = {"attn_q": config.num_attention_heads, "attn_k": kv_heads} if config.model_type in PERMUTED else {}
-    first, _end = model.layer_range
-    table = GGUF_FUSED_PARTS if f"blk.{first}.attn_qkv.weight" in tensors else GGUF_PARTS
-    for i, layer in enumerate(model.layers):
-        parts = dict(table)
-        if isinstance(layer.mlp, SparseMoE):
-            layer.mlp.use_experts(_gguf_experts(tensors, first + i, layer.mlp))
-            parts = {k: v for k, v in parts.items() if not k.startswith("mlp.")}
-            if layer.mlp.spec.shared_inter:
-                parts.update(GGUF_SHARED_PARTS)
-        for ours, theirs in parts.items():
-            blocks = [_blocks(tensors, f"blk.{first + i}.{name}.weight") for name in theirs]
-            rows = [unpermute(b[1], heads[n]) if n in heads else b[1] for n, b in zip(theirs, blocks)]
-            bias = getattr(layer.get_submodule(ours), "bias", None)
-            out[f"{i}.{ours}"] = quant_rows(rows, [b[0] for b in blocks], blocks[0][2], bias)
+    for ours, names, heads in gguf_blocks.projections(model, tensors, config):
+        blocks = [gguf_blocks.blocks(tensors, name) for name in names]
+        rows = [unpermute(b[1], heads[n]) if n in heads else b[1] for n, b in zip(names, blocks)]
+        bias = getattr(model.layers.get_submodule(ours), "bias", None)
+        out[ours] = quant_rows(rows, [b[0] for b in blocks], blocks[0][2], bias)
     return out
 
 
-def _gguf_experts(tensors: dict[str, Any], layer: int, moe: Any) -> list[tuple[nn.Module, QuantLinear]]:
+def _gguf_experts(tensors: dict[str, Any], names: tuple[str, str, str], moe: Any
+                  ) -> list[tuple[nn.Module, QuantLinear]]:
     """Each expert's gate/up and down on the file's own blocks (gpt-oss's biases beside
-    them): llama.cpp merges a layer's experts into one tensor per projection, expert after
-    expert, so expert e's output channels are rows [e * out, (e + 1) * out) of it."""
-    (qg, gate, k), (qu, up, _), (qd, down, inter) = (_blocks(tensors, f"blk.{layer}.{n}.weight")
-                                                     for n in GGUF_EXPERTS)
+    them), cut from the layer's merged tensors."""
+    (qg, gate, k), (qu, up, _), (qd, down, inter) = (gguf_blocks.blocks(tensors, name) for name in names)
     n, i = moe.spec.experts, moe.inter
     return [(quant_rows([gate[e * i:(e + 1) * i], up[e * i:(e + 1) * i]], [qg, qu], k, moe.expert_bias("gate_up", e)),
              QuantLinear(down[e * k:(e + 1) * k], None, qd, inter, moe.expert_bias("down", e))) for e in range(n)]

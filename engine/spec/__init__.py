@@ -54,12 +54,10 @@ def check(config: EngineConfig, placement: Placement, files: loader.ModelFiles, 
         return None
     from engine.models import quantize
 
-    if sc.model is not None:
-        dfiles = _resolve(sc.model, sc.quantization == "gguf")
-    elif files.blocks_only and sc.quantization != "gguf":  # the target's own file, read densely
-        dfiles = _resolve(config.model, False)
-    else:
-        dfiles = files
+    # The draft runs in this process on whole tensors, so a GGUF's GEMM weights come from its
+    # blocks, computed on or dequantized (loader.reads_blocks); the target's own files serve
+    # it either way.
+    dfiles = _resolve(sc.model, True) if sc.model is not None else files
     dconfig = hf_config if sc.model is None else loader.load_config(dfiles)
     if sc.model is not None:
         if dconfig.vocab_size != hf_config.vocab_size:

@@ -161,7 +161,7 @@ def test_computing_on_the_blocks_converts_only_what_stays_dense(written, tmp_pat
     that neither the directory nor the blocks fill is refused, never left as garbage."""
     from safetensors import safe_open
 
-    from engine.models import gguf_convert, quantize
+    from engine.models import gguf_blocks, gguf_convert
 
     monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
     _, gguf = written("qwen2_moe", "Q5_1")  # q/k/v biases, a router, a shared expert and its gate
@@ -174,8 +174,8 @@ def test_computing_on_the_blocks_converts_only_what_stays_dense(written, tmp_pat
     assert any(n.endswith(".bias") for n in names) and any(n.endswith("mlp.gate.weight") for n in names)
     assert [n for n in names if not n.endswith(kept)] == []
 
-    real = quantize.replaced
-    monkeypatch.setattr(quantize, "replaced", lambda name: name == "norm.weight" or real(name))
+    real = gguf_blocks.replaced
+    monkeypatch.setattr(gguf_blocks, "replaced", lambda name: name == "norm.weight" or real(name))
     with pytest.raises(ParamError, match="no GGUF blocks replaced.*norm.weight"):
         LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization="gguf")
 
@@ -220,9 +220,10 @@ def test_a_conversion_is_found_by_the_files_bytes_not_its_path(written, tmp_path
     import shutil
     import time
 
-    from engine.models import gguf_convert, loader
+    from engine.models import gguf_convert, loader, packed_linear
 
     monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(packed_linear, "supported", lambda device, dtype: False)  # the weights stay parameters
     made = []
     convert = gguf_convert.convert_gguf
     monkeypatch.setattr(gguf_convert, "convert_gguf", lambda gguf, out, blocks: (made.append(out), convert(gguf, out, blocks)))
@@ -248,3 +249,30 @@ def test_a_conversion_is_found_by_the_files_bytes_not_its_path(written, tmp_path
     assert loader.load_config(loader.ModelFiles(other, str(copy))).model_type == "qwen3"
     assert not stale.exists() and live.exists()
     assert sorted(p.name for p in (tmp_path / "cache" / "gguf").iterdir()) == sorted([first.name, other.name, live.name])
+
+
+@pytest.mark.parametrize("model_type, qtype", [("qwen2_moe", "Q5_1"), ("phi3", "Q8_0"), ("mixtral", "F16"),
+                                               ("gemma3_text", "BF16")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_dense_weights_read_from_the_blocks_are_the_fp32_conversions(model_type, qtype, dtype, written, tmp_path,
+                                                                       monkeypatch):
+    """Without `quantization: gguf` the engine dequantizes the file's GEMM tensors into the
+    dense model at load, in the model's dtype, instead of reading an fp32 copy of the whole
+    model from the cache: every parameter is the one the fp32 conversion gives, to the bit
+    (Qwen2-MoE's experts and shared expert, Phi-3's fused projections, Mixtral's interleaved
+    q/k and merged experts; F16 and BF16, which no kernel reads, through the gguf package),
+    and only the small conversion is written."""
+    from engine.models import gguf_convert, loader, packed_linear
+
+    monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(packed_linear, "supported", lambda device, dtype: False)  # the weights stay parameters
+    _, gguf = written(model_type, qtype)
+    config = loader.load_config(loader.resolve(gguf, blocks=True))
+    [rest] = (tmp_path / "cache" / "gguf").iterdir()
+    assert rest.name.endswith(gguf_convert.REST)
+    read = loader.build_model(loader.resolve(gguf, blocks=True), config, dtype, torch.device("cpu"), 64)
+    converted = loader.build_model(loader.resolve(gguf, blocks=False), config, dtype, torch.device("cpu"), 64)
+    got, want = dict(read.named_parameters()), dict(converted.named_parameters())
+    assert got.keys() == want.keys() and any(name.endswith(".qkv_proj.weight") for name in got)
+    assert [name for name in want if got[name].dtype != dtype or not torch.equal(got[name], want[name])] == []
+

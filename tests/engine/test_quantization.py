@@ -196,9 +196,10 @@ def test_a_block_type_without_a_kernel_is_refused(tmp_path, monkeypatch):
 def test_auto_is_gguf_where_the_activations_are_fp32_anyway(kw, bf16_cpu, want, monkeypatch):
     """The decision alone (reading the file's header is the next two tests' part)."""
     from engine import config as config_module
+    from engine.models import gguf_blocks
 
     monkeypatch.setattr(config_module, "cpu_has_bf16", lambda: bf16_cpu)
-    monkeypatch.setattr(quantize, "preflight", lambda source: None)
+    monkeypatch.setattr(gguf_blocks, "preflight", lambda source: None)
     assert quantize.auto(config_module.EngineConfig(device="cpu", quantization="auto", **kw)) == want
 
 

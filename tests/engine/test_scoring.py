@@ -78,3 +78,20 @@ def test_a_yes_no_reranker_over_a_causal_lm_scores_p_yes(tmp_path, default_model
     with pytest.raises(ParamError) as err:
         LLM(str(path), dtype="float32", scorer={"classifier_from_token": ["no", "definitely-not-one-token"]})
     assert err.value.param == "scorer.classifier_from_token"
+
+
+@pytest.mark.parametrize("quantization", [None, "gguf"])
+def test_yes_no_scores_on_a_gguf_read_its_rows_from_the_file(quantization, hf_default, tokenizer):
+    """The embedded GGUF's conversion leaves its (tied) embedding in the file, dense weights
+    or not: the yes/no rows come from the file's own tensor, and with the dense weights the
+    scores are transformers' on the same values."""
+    scorer = {"classifier_from_token": ["no", "yes"], "template": TEMPLATE}
+    llm = LLM(None, dtype="float32", quantization=quantization, kv_cache_memory_bytes=8 << 20, scorer=scorer)
+    no, yes = (tokenizer.encode(t, add_special_tokens=False)[0] for t in ("no", "yes"))
+    outs = llm.score([QUERY] * 3, DOCS)
+    for out, doc in zip(outs, DOCS):
+        ids = tokenizer.encode(TEMPLATE.format(query=QUERY, document=doc), add_special_tokens=False)
+        with torch.no_grad():
+            last = hf_default(torch.tensor([ids])).logits[0, -1]
+        want = torch.softmax(last[[no, yes]], 0)[1].item()
+        assert out.score == pytest.approx(want, abs=1e-5 if quantization is None else 2e-2)

@@ -416,7 +416,7 @@ def test_bento_build_is_offline_and_holds_model_kernels_and_config(bento_home, t
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     tag = re.search(r"__tag__:(\S+)", out.stdout).group(1)
-    archive = tmp_path / "pagedserve.tar"  # plain tar: xz-compressing 0.5 GB of weights takes minutes
+    archive = tmp_path / "pagedserve.tar"  # plain tar: xz-compressing the weights takes minutes
     out = subprocess.run([str(BIN / "bentoml"), "export", tag, str(archive)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -424,8 +424,13 @@ def test_bento_build_is_offline_and_holds_model_kernels_and_config(bento_home, t
         names = {n.removeprefix("./") for n in tar.getnames()}
         reqs = tar.extractfile("./env/python/requirements.txt").read().decode()
         bento_yaml = tar.extractfile("./bento.yaml").read().decode()
+        sizes = {m.name.removeprefix("./"): m.size for m in tar.getmembers()}
     weights = [n for n in names if n.startswith(f"models/{MODEL_TAG}/") and n.endswith("model.safetensors")]
     assert weights and any(n.endswith("tokenizer.json") for n in names)
+    # The embedded GGUF travels as itself; beside it only what stays dense (norms), not an
+    # fp32 copy of its GEMM weights four times its size.
+    [gguf] = [n for n in names if n.startswith(f"models/{MODEL_TAG}/") and n.endswith(".gguf")]
+    assert sizes[weights[0]] < sizes[gguf] / 20
     for path in ("src/service.py", "src/engine/client/async_llm.py", "src/engine/serving/app.py", "src/engine/engine.py", "src/kernels/__init__.py",
                  "src/kernels/triton_attention.py", "src/kernels/csrc/paged_attention.cpp", "src/config/default.yaml", "src/config/gpu.yaml",
                  "env/docker/Dockerfile"):

@@ -1,0 +1,151 @@
+"""Where a GGUF file's GEMM weights and embedding go in our model, read from the file
+itself: which tensors fill each of our projections, their block bytes, and the rows
+llama.cpp's converter reordered. Two readers share it: `quantization: gguf`, which
+computes on the blocks (engine/models/quantize.py), and the dense paths, which dequantize
+them into the model's own dtype at load (engine/models/gguf_dense.py). Either way the
+converted directory holds only the tensors that stay dense (engine/models/gguf_convert.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.errors import ParamError
+from engine.models import gguf_config, mxfp4
+from engine.models.gguf_tensors import GGUF_EXPERTS
+from kernels import quant
+
+# Our fused projections and the GGUF tensors that fill them, in order; Phi-3's files hold
+# the fused tensors themselves (attn_qkv, and ffn_up with gate and up).
+GGUF_PARTS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "self_attn.o_proj": ("attn_output",),
+              "mlp.gate_up_proj": ("ffn_gate", "ffn_up"), "mlp.down_proj": ("ffn_down",)}
+GGUF_FUSED_PARTS = {"self_attn.qkv_proj": ("attn_qkv",), "self_attn.o_proj": ("attn_output",),
+                    "mlp.gate_up_proj": ("ffn_up",), "mlp.down_proj": ("ffn_down",)}
+# The architectures whose q and k rows llama.cpp's converter interleaves (its Llama family,
+# Mixtral filed as `llama` among them).
+PERMUTED = {"llama", "mistral", "granite", "mixtral"}
+# A Qwen2-MoE shared expert's GGUF tensors; the routed experts' are merged per layer.
+GGUF_SHARED_PARTS = {"mlp.shared_expert.gate_up_proj": ("ffn_gate_shexp", "ffn_up_shexp"),
+                     "mlp.shared_expert.down_proj": ("ffn_down_shexp",)}
+# Every GGUF tensor read here (as `<name>.weight`), and our parameters they fill.
+GGUF_ON_BLOCKS = frozenset({part for table in (GGUF_PARTS, GGUF_FUSED_PARTS, GGUF_SHARED_PARTS)
+                            for parts in table.values() for part in parts} | {"token_embd", "output", *GGUF_EXPERTS})
+REPLACED = (".qkv_proj.weight", ".o_proj.weight", ".gate_up_proj.weight", ".down_proj.weight", ".experts_gate_up",
+            ".experts_down")
+
+
+def on_blocks(name: str) -> bool:
+    """Whether this GGUF tensor is read from the file at load rather than converted: a
+    conversion leaves it out (engine/models/gguf_convert.py)."""
+    return name.endswith(".weight") and name.split(".")[-2] in GGUF_ON_BLOCKS
+
+
+def replaced(param: str) -> bool:
+    """Whether this parameter of our model is filled from the file's tensors (a GEMM
+    weight, an expert stack, the embedding or the head): one a blocks-only directory
+    does not fill."""
+    return param in ("embed_tokens.weight", "lm_head.weight") or param.endswith(REPLACED)
+
+
+def reader(source: str) -> Any:
+    """The GGUF file itself, or the one a model directory holds (scripts/import_model.py
+    keeps the file next to the dequantized weights when it imports a GGUF)."""
+    path = Path(source)
+    if path.is_dir():
+        found = sorted(path.glob("*.gguf"))
+        path = found[0] if len(found) == 1 else path
+    if path.suffix != ".gguf" or not path.is_file():
+        raise ParamError("quantization", f"quantization 'gguf' computes on a GGUF file's blocks; the model "
+                         f"{source!r} is not a .gguf file nor a directory holding one (use 'int8' for other "
+                         "checkpoints; scripts/import_model.py keeps an imported GGUF next to its weights)")
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _READERS:  # preflight and the load read the same file: parse it once (seconds for a big vocabulary)
+        _READERS.clear()
+        _READERS[key] = gguf_config.open_reader(path)
+    return _READERS[key]
+
+
+_READERS: dict[tuple[str, int, int], Any] = {}  # the last file's parsed header
+
+
+def release() -> None:
+    """Drop the parsed header and its mapping of the file, once every tensor is read."""
+    _READERS.clear()
+
+
+def tensors(source: str) -> dict[str, Any]:
+    return {t.name: t for t in reader(source).tensors}
+
+
+def preflight(source: str) -> None:
+    """Refuse a file the kernels cannot serve before the loader spends seconds to minutes
+    on it: every GEMM tensor's block type is read from the header."""
+    found = tensors(source)
+    for name in found:
+        if on_blocks(name):
+            qtype(found, name)
+
+
+def qtype(found: dict[str, Any], name: str) -> int:
+    """The GGUF type of one tensor, refused if no kernel reads it."""
+    t = found.get(name)
+    if t is None:
+        raise ParamError("quantization", f"the GGUF file has no tensor {name!r}")
+    kind = int(t.tensor_type)
+    if kind not in quant.FORMATS or kind == quant.INT8_ROWS:
+        supported = ", ".join(f.name for q, f in quant.FORMATS.items() if q != quant.INT8_ROWS)
+        raise ParamError("quantization", f"GGUF tensor {name!r} is {t.tensor_type.name}; quantization 'gguf' "
+                         f"serves {supported}")
+    return kind
+
+
+def blocks(found: dict[str, Any], name: str) -> tuple[int, torch.Tensor, int]:
+    """(type, [N, row_bytes] bytes, K) of one GGUF tensor, copied out of the mapping."""
+    kind, t = qtype(found, name), found[name]
+    k = int(t.shape[0])
+    data = torch.from_numpy(t.data.copy()).view(torch.uint8).reshape(-1, quant.row_bytes(kind, k))
+    if kind == quant.MXFP4:  # a NaN scale would compute silently
+        try:
+            mxfp4.check_gguf_blocks(data, name)
+        except ValueError as e:
+            raise ParamError("model", str(e)) from None
+    return kind, data, k
+
+
+def projections(model: Any, found: dict[str, Any], config: Any) -> Iterator[tuple[str, tuple[str, ...], dict]]:
+    """Each dense projection of the model's layers as (its path under model.layers, the
+    GGUF tensors whose rows make it, in order, {tensor: heads} for those whose q/k rows
+    the converter interleaved); an expert layer's routed experts are not among them
+    (`experts`)."""
+    from engine.models.layers.moe import SparseMoE
+
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    heads = {"attn_q": config.num_attention_heads, "attn_k": kv_heads} if config.model_type in PERMUTED else {}
+    first, _end = model.layer_range
+    table = GGUF_FUSED_PARTS if f"blk.{first}.attn_qkv.weight" in found else GGUF_PARTS
+    for i, layer in enumerate(model.layers):
+        parts = dict(table)
+        if isinstance(layer.mlp, SparseMoE):
+            parts = {k: v for k, v in parts.items() if not k.startswith("mlp.")}
+            if layer.mlp.spec.shared_inter:
+                parts.update(GGUF_SHARED_PARTS)
+        for ours, theirs in parts.items():
+            names = tuple(f"blk.{first + i}.{name}.weight" for name in theirs)
+            yield f"{i}.{ours}", names, {n: heads[p] for n, p in zip(names, theirs) if p in heads}
+
+
+def experts(model: Any) -> Iterator[tuple[Any, tuple[str, str, str]]]:
+    """Each expert layer of the model with its merged GGUF tensors (gate, up, down):
+    llama.cpp merges a layer's experts into one tensor per projection, expert after
+    expert, so expert e's output channels are rows [e * out, (e + 1) * out) of it."""
+    from engine.models.layers.moe import SparseMoE
+
+    first, _end = model.layer_range
+    for i, layer in enumerate(model.layers):
+        if isinstance(layer.mlp, SparseMoE):
+            yield layer.mlp, tuple(f"blk.{first + i}.{n}.weight" for n in GGUF_EXPERTS)
