@@ -11,6 +11,8 @@ The order inside a pair alternates, so drift hits both sides.
 
     python scripts/bench_embeddings.py --pairs 3                       # a request a second
     python scripts/bench_embeddings.py --pairs 3 --embed-interval 0    # back to back
+    python scripts/bench_embeddings.py --pairs 5 --embed-inputs 1 --embed-tokens 32 --embed-delay 2 --embed-interval 3600
+                                                                        # one request, mid-decode
 """
 
 from __future__ import annotations
@@ -68,14 +70,17 @@ async def chat(c: httpx.AsyncClient, i: int, tokens: int) -> tuple[float, float]
     return first - t0, (count - 1) / (last - first)
 
 
-async def embedder(c: httpx.AsyncClient, inputs: int, tokens: int, interval: float, done: asyncio.Event) -> int:
-    """Embedding requests, `interval` seconds apart, until the chats are done; the inputs served."""
+async def embedder(c: httpx.AsyncClient, inputs: int, tokens: int, interval: float, delay: float,
+                   done: asyncio.Event) -> int:
+    """Embedding requests, the first `delay` seconds in, then `interval` seconds apart, until
+    the chats are done; the inputs served."""
     served = 0
     k = 0
     while not done.is_set():
-        if k:
+        wait = interval if k else delay
+        if wait:
             try:
-                await asyncio.wait_for(done.wait(), interval)
+                await asyncio.wait_for(done.wait(), wait)
                 break
             except asyncio.TimeoutError:
                 pass
@@ -88,10 +93,10 @@ async def embedder(c: httpx.AsyncClient, inputs: int, tokens: int, interval: flo
 
 
 async def run(url: str, chats: int, tokens: int, embed: bool, inputs: int, embed_tokens: int,
-              interval: float) -> dict:
+              interval: float, delay: float) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=3600) as c:
         done = asyncio.Event()
-        side = asyncio.create_task(embedder(c, inputs, embed_tokens, interval, done)) if embed else None
+        side = asyncio.create_task(embedder(c, inputs, embed_tokens, interval, delay, done)) if embed else None
         results = await asyncio.gather(*(chat(c, i, tokens) for i in range(chats)))
         done.set()
         served = await side if side is not None else 0
@@ -108,6 +113,9 @@ def main() -> None:
     ap.add_argument("--embed-inputs", type=int, default=4, help="inputs per embedding request")
     ap.add_argument("--embed-tokens", type=int, default=64, help="about this many tokens per input")
     ap.add_argument("--embed-interval", type=float, default=1.0, help="seconds between embedding requests")
+    ap.add_argument("--embed-delay", type=float, default=0.0,
+                    help="seconds into each run before the first embedding request (with a long interval: one "
+                         "request, in the middle of the chats' decoding)")
     ap.add_argument("--port", type=int, default=3917)
     args = ap.parse_args()
     log = Path(tempfile.gettempdir()) / "bench_embeddings_server.log"
@@ -115,12 +123,12 @@ def main() -> None:
     url = f"http://127.0.0.1:{args.port}"
     try:
         wait_ready(url, proc, 600, log)
-        asyncio.run(run(url, 4, 8, True, 2, 16, 0.0))  # warm-up: both kinds of request once
+        asyncio.run(run(url, 4, 8, True, 2, 16, 0.0, 0.0))  # warm-up: both kinds of request once
         rows = []
         for p in range(args.pairs):
             for embed in ((False, True) if p % 2 == 0 else (True, False)):
                 r = asyncio.run(run(url, args.chats, args.chat_tokens, embed, args.embed_inputs, args.embed_tokens,
-                                    args.embed_interval))
+                                    args.embed_interval, args.embed_delay))
                 rows.append((p, embed, r))
                 print(f"pair {p + 1} {'with embeddings' if embed else 'chats alone    '}: decode {r['rate']:6.2f} tok/s "
                       f"per chat, TTFT {r['ttft'] * 1000:7.1f} ms, {r['embedded']} inputs embedded, "

@@ -30,7 +30,9 @@ with one output token: the prefill steps of the served benchmark's prompts alone
     python scripts/bench_throughput.py --shape qwen3-0.6b --peer vllm --dtype bfloat16 --runs 2 --rounds 3
 
 `--rounds N` (with `--peer vllm`) keeps both engines loaded and takes turns, `--runs` runs
-of ours then as many of vLLM's, N times: each round's ratio, and both sides' spreads.
+of ours then as many of vLLM's, N times, each turn after an untimed run and with the other
+side idle (vLLM's processes stopped while ours run): each round's ratio, and both sides'
+spreads.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import json
 import os
 import platform
 import random
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -143,9 +146,16 @@ class VllmPeer:
                "--workload", f.name, "--dtype", dtype, "--max-num-seqs", str(args.max_num_seqs),
                "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--load-format", args.load_format]
         self.log = tempfile.TemporaryFile("w+")
+        # A process group of its own, which pause() stops as a whole (its engine core and
+        # worker are children).
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env=env, cwd="/tmp", preexec_fn=all_cores)
+                                     env=env, cwd="/tmp", preexec_fn=all_cores, start_new_session=True)
         self.startup = self._line("startup")["startup"]
+
+    def pause(self, stopped: bool) -> None:
+        """Stop (or resume) every process of the peer while ours runs: each engine has the
+        machine to itself while it is timed, as it would in a deployment."""
+        os.killpg(self.proc.pid, signal.SIGSTOP if stopped else signal.SIGCONT)
 
     def _line(self, key: str) -> dict:
         # vLLM and its libraries print too; the results are the JSON lines the peer script writes.
@@ -173,12 +183,22 @@ class VllmPeer:
 
 def take_turns(llm: LLM, peer: VllmPeer, reqs, results: dict[str, list[float]], args) -> list[float]:
     """--rounds: our --runs runs, then vLLM's, round after round, with both engines loaded,
-    so that drift in the machine's speed meets both sides alike. Each round's ratio is of
-    the two sides' means; ours go into results["engine"], vLLM's are returned."""
+    so that drift in the machine's speed meets both sides alike. Each turn starts with an
+    untimed run, and vLLM's processes are stopped during ours: on this 2-core VM our runs
+    beside the idle peer fell from 146-151 to 127-131 tok/s, and the first run after a
+    switch lagged (LOG.md, session 34).
+    Each round's ratio is of the two sides' means; ours go into results["engine"], vLLM's
+    are returned."""
     total, theirs, ratios = sum(n for _, n in reqs), [], []
     print(f"vllm start-up {peer.startup:.1f}s")
     for r in range(args.rounds):
-        mine = [total / run_engine(llm, reqs) for _ in range(args.runs)]
+        peer.pause(True)
+        try:
+            run_engine(llm, reqs)  # untimed, as vLLM's below: the first run after the other side's turn lagged
+            mine = [total / run_engine(llm, reqs) for _ in range(args.runs)]
+        finally:
+            peer.pause(False)
+        peer.run(1)
         other = peer.run(args.runs)
         results["engine"] += mine
         theirs += other
