@@ -11,10 +11,10 @@ is the file itself beside the tensors that stay dense (norms, biases, routers), 
 once with the engine's own loader: the engine reads the GEMM weights from the file's
 blocks at load, computing on them or dequantizing them into the model's dtype
 (engine/models/gguf_blocks.py), so the store, the Bento and the image carry the file's
-bytes, not an fp32 copy four times its size (the embedded model: 100 MB, where the fp32
-copy beside the file made 635). Nothing is downloaded. The tag defaults to the serving
-preset's `service.model_tag` ($PAGEDSERVE_CONFIG, else config/default.yaml), which is
-what service.py looks up.
+bytes, not an fp32 copy four times its size (the embedded model's stored version: 98 MB,
+where the fp32 copy beside the file made 611; LOG.md, session 34). Nothing is
+downloaded. The tag defaults to the serving preset's `service.model_tag`
+($PAGEDSERVE_CONFIG, else config/default.yaml), which is what service.py looks up.
 """
 
 from __future__ import annotations
