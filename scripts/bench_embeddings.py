@@ -13,6 +13,7 @@ The order inside a pair alternates, so drift hits both sides.
     python scripts/bench_embeddings.py --pairs 3 --embed-interval 0    # back to back
     python scripts/bench_embeddings.py --pairs 5 --embed-inputs 1 --embed-tokens 32 --embed-delay 2 --embed-interval 3600
                                                                         # one request, mid-decode
+    python scripts/bench_embeddings.py --pairs 3 --embed-tokens 32 --offline 30   # the engine's share alone
 """
 
 from __future__ import annotations
@@ -105,6 +106,40 @@ async def run(url: str, chats: int, tokens: int, embed: bool, inputs: int, embed
             "embedded": served, "blocks_used": used}
 
 
+def offline(pairs: int, chats: int, tokens: int, embed_tokens: int, at_step: int) -> None:
+    """The engine's share alone, in this process: `chats` greedy requests stepped to the end,
+    and the same with one embedding request of about `embed_tokens` tokens added before
+    step `at_step`; each run's total step time and that step's, in pairs."""
+    from engine import LLM, SamplingParams
+    from engine.pooling import PoolingParams
+
+    llm = LLM(None, dtype="float32", quantization=None, max_num_seqs=max(64, chats + 1), max_num_batched_tokens=2048,
+              kv_cache_memory_bytes=1 << 30, enable_prefix_caching=False, pooler={"pooling_type": "mean"})
+    engine = llm.engine
+    text = " ".join(WORDS[n % len(WORDS)] for n in range(embed_tokens))
+
+    def run(tag: str, embed: bool) -> list[float]:
+        for i in range(chats):
+            engine.add_request(f"{tag}-{i}", engine.tokenize(f"Tell a long story about the number {i}."),
+                               SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
+        times = []
+        while engine.scheduler.has_work():
+            if embed and len(times) == at_step:
+                engine.add_request(f"{tag}-embed", engine.tokenize(text), pooling_params=PoolingParams())
+            t = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - t)
+        return times
+
+    run("warm", True)
+    for p in range(pairs):
+        alone, mixed = run(f"a{p}", False), run(f"m{p}", True)
+        print(f"pair {p + 1}: {len(alone)} / {len(mixed)} steps, {sum(alone) * 1e3:.0f} / {sum(mixed) * 1e3:.0f} ms "
+              f"(with / alone {sum(mixed) / sum(alone):.3f}); step {at_step}: {alone[at_step] * 1e3:.1f} / "
+              f"{mixed[at_step] * 1e3:.1f} ms; median step {statistics.median(alone) * 1e3:.1f} / "
+              f"{statistics.median(mixed) * 1e3:.1f} ms", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=3)
@@ -117,7 +152,11 @@ def main() -> None:
                     help="seconds into each run before the first embedding request (with a long interval: one "
                          "request, in the middle of the chats' decoding)")
     ap.add_argument("--port", type=int, default=3917)
+    ap.add_argument("--offline", type=int, metavar="STEP", default=None,
+                    help="no server: the engine in this process, one embedding request added before this step")
     args = ap.parse_args()
+    if args.offline is not None:
+        return offline(args.pairs, args.chats, args.chat_tokens, args.embed_tokens, args.offline)
     log = Path(tempfile.gettempdir()) / "bench_embeddings_server.log"
     proc = start(args.port, log, max(64, args.chats + args.embed_inputs))
     url = f"http://127.0.0.1:{args.port}"
