@@ -118,7 +118,7 @@ def offline(pairs: int, chats: int, tokens: int, embed_tokens: int, at_step: int
     engine = llm.engine
     text = " ".join(WORDS[n % len(WORDS)] for n in range(embed_tokens))
 
-    def run(tag: str, embed: bool) -> list[float]:
+    def step_times(tag: str, embed: bool) -> list[float]:
         for i in range(chats):
             engine.add_request(f"{tag}-{i}", engine.tokenize(f"Tell a long story about the number {i}."),
                                SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
@@ -131,9 +131,9 @@ def offline(pairs: int, chats: int, tokens: int, embed_tokens: int, at_step: int
             times.append(time.perf_counter() - t)
         return times
 
-    run("warm", True)
+    step_times("warm", True)
     for p in range(pairs):
-        alone, mixed = run(f"a{p}", False), run(f"m{p}", True)
+        alone, mixed = step_times(f"a{p}", False), step_times(f"m{p}", True)
         print(f"pair {p + 1}: {len(alone)} / {len(mixed)} steps, {sum(alone) * 1e3:.0f} / {sum(mixed) * 1e3:.0f} ms "
               f"(with / alone {sum(mixed) / sum(alone):.3f}); step {at_step}: {alone[at_step] * 1e3:.1f} / "
               f"{mixed[at_step] * 1e3:.1f} ms; median step {statistics.median(alone) * 1e3:.1f} / "

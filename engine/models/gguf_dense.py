@@ -50,13 +50,13 @@ def fill(model: Any, source: str, config: Any, dtype: torch.dtype) -> None:
         _experts(moe, found, names, dtype, put)
     # Absent where another pipeline stage holds them, or the head when it is the embedding;
     # a classifier's head is never read (loader.build_model zeroes it).
-    wanted = {"embed_tokens.weight": "token_embd.weight"} | ({} if model.headless else {"lm_head.weight": "output.weight"})
-    for param, name in wanted.items():
-        if param in params:
+    unread = {"lm_head.weight"} if model.headless else set()
+    for param, name in (("embed_tokens.weight", "token_embd.weight"), ("lm_head.weight", "output.weight")):
+        if param in params and param not in unread:
             put(params[param], _dense(found, name), name)
     gguf_blocks.release()
     unfilled = [name for name, p in model.named_parameters()
-                if gguf_blocks.replaced(name) and id(p) not in filled and not (model.headless and name == "lm_head.weight")]
+                if gguf_blocks.replaced(name) and id(p) not in filled and name not in unread]
     if unfilled:
         raise ParamError("model", f"{source}: no GGUF tensor filled {unfilled[:3]}")
 

@@ -133,33 +133,36 @@ class SparseMoE(nn.Module):
             out = y if out is None else out.add_(y)
         return out
 
-    def _native(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """_grouped's order and combine, every expert's MLP in one native call."""
-        from kernels import cpu
-
-        n = experts.shape[0]
+    def _by_expert(self, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(choice, token) pairs grouped by expert with a stable sort, transformers' order:
+        the pairs' order, each expert's pair count, each pair's token. The gather, the
+        weighting and the sum then run once over every pair (_combine)."""
         flat = experts.t().reshape(-1)
         order = torch.argsort(flat, stable=True)
-        offsets = F.pad(torch.bincount(flat, minlength=self.spec.experts).cumsum(0), (1, 0))
-        tokens = order % n
-        ys = cpu.moe_glu(x[tokens], offsets, *self.native, x.shape[-1])
+        return order, torch.bincount(flat, minlength=self.spec.experts), order % experts.shape[0]
+
+    @staticmethod
+    def _combine(x: torch.Tensor, ys: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,
+                 tokens: torch.Tensor) -> torch.Tensor:
+        """The pairs' outputs weighted and summed per token: one index_add in the pairs'
+        order adds each token's expert outputs in transformers' order."""
         ys = ys * weights.t().reshape(-1)[order, None]
         return torch.zeros_like(x).index_add_(0, tokens, ys.to(x.dtype))
 
+    def _native(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """_grouped with every expert's MLP in one native call."""
+        from kernels import cpu
+
+        order, counts, tokens = self._by_expert(experts)
+        ys = cpu.moe_glu(x[tokens], F.pad(counts.cumsum(0), (1, 0)), *self.native, x.shape[-1])
+        return self._combine(x, ys, weights, order, tokens)
+
     def _grouped(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        n = experts.shape[0]
-        out = torch.zeros_like(x)
-        # (choice, token) order, grouped by expert with a stable sort: transformers' order. The
-        # gather, the weighting and the sum run once over every (token, expert) pair; one
-        # index_add in that order adds each token's expert outputs in transformers' order.
-        flat = experts.t().reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.spec.experts).tolist()
-        tokens = order % n
+        order, counts, tokens = self._by_expert(experts)
         xs = x[tokens]
         ys = torch.empty_like(xs)
         start = 0
-        for e, count in enumerate(counts):
+        for e, count in enumerate(counts.tolist()):
             if not count:
                 continue
             rows = xs[start:start + count]
@@ -170,5 +173,4 @@ class SparseMoE(nn.Module):
                 h = self.glu(F.linear(rows, self.experts_gate_up[e], self.expert_bias("gate_up", e)))
                 ys[start:start + count] = F.linear(h, self.experts_down[e], self.expert_bias("down", e))
             start += count
-        ys = ys * weights.t().reshape(-1)[order, None]
-        return out.index_add_(0, tokens, ys.to(out.dtype))
+        return self._combine(x, ys, weights, order, tokens)
