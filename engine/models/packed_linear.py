@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels import cpu
+from kernels import cpu, pages
 
 
 ROWS = 16  # past this many rows, GEMMs run on a multiple of it...
@@ -82,9 +82,9 @@ class PackedLinear(nn.Module):
             if not glu_available(w.dtype):
                 raise ValueError(f"a fused gate/up GEMM needs the native fp32 GEMM, not {w.dtype}")
             self.out_features //= 2
-            self.panels = cpu.gemm_pack_glu(w)
+            self.panels = pages.move(cpu.gemm_pack_glu(w))
         elif cpu.gemm_available(w.dtype) and (w.dtype != torch.bfloat16 or self.in_features % 2 == 0):
-            self.panels = cpu.gemm_pack(w)
+            self.panels = pages.move(cpu.gemm_pack(w))
         else:
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(w)

@@ -28,7 +28,7 @@ from torch import nn
 from engine.errors import ParamError
 from engine.models import gguf_blocks
 from engine.models.gguf_tensors import unpermute
-from kernels import quant
+from kernels import pages, quant
 
 MODES = ("gguf", "mxfp4", "int8")
 # An expert layer's router and a shared expert's gate: kept dense under every mode.
@@ -42,7 +42,7 @@ class QuantLinear(nn.Module):
                  bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.qtype, self.in_features, self.out_features = qtype, in_features, qweight.shape[0]
-        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("qweight", pages.move(qweight.contiguous()))  # streamed every step
         self.register_buffer("scales", None if scales is None else scales.float().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.int8_activations = False

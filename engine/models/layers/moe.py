@@ -55,14 +55,15 @@ class SparseMoE(nn.Module):
         Where the native GEMM takes the dtype and the experts are plain silu GLUs, all of
         them run in one call a layer (kernels/csrc/gemm.cpp moe_glu)."""
         from engine.models.packed_linear import PackedLinear
-        from kernels import cpu
+        from kernels import cpu, pages
 
         w = self.experts_gate_up
         kp = 2 if w.dtype == torch.bfloat16 else 1  # bf16 panels take k in pairs
         if (cpu.gemm_available(w.dtype) and self.act_name == "silu" and not self.spec.expert_bias
                 and not self.spec.swiglu_limit and w.shape[2] % kp == 0 and self.inter % kp == 0):
-            self.native = (torch.stack([cpu.gemm_pack_glu(w[e]) for e in range(self.spec.experts)]),
-                           torch.stack([cpu.gemm_pack(self.experts_down[e]) for e in range(self.spec.experts)]))
+            self.native = (pages.move(torch.stack([cpu.gemm_pack_glu(w[e]) for e in range(self.spec.experts)])),
+                           pages.move(torch.stack([cpu.gemm_pack(self.experts_down[e])
+                                                   for e in range(self.spec.experts)])))
             self.experts_gate_up = None
             self.experts_down = None
             return
