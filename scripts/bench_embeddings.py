@@ -14,6 +14,11 @@ The order inside a pair alternates, so drift hits both sides.
     python scripts/bench_embeddings.py --pairs 5 --embed-inputs 1 --embed-tokens 32 --embed-delay 2 --embed-interval 3600
                                                                         # one request, mid-decode
     python scripts/bench_embeddings.py --pairs 3 --embed-tokens 32 --offline 30   # the engine's share alone
+    python scripts/bench_embeddings.py --pairs 10 --control --embed-inputs 1 --embed-tokens 32 --embed-delay 2 --embed-interval 3600
+
+`--control` adds a third run to each pair, the chats alone again, and rotates the three
+runs' order from pair to pair: its ratio to the first alone run is this machine's noise
+on the same measurement, to hold the embedding's ratio against.
 """
 
 from __future__ import annotations
@@ -152,6 +157,8 @@ def main() -> None:
                     help="seconds into each run before the first embedding request (with a long interval: one "
                          "request, in the middle of the chats' decoding)")
     ap.add_argument("--port", type=int, default=3917)
+    ap.add_argument("--control", action="store_true",
+                    help="a second alone run in each pair, as the noise's own ratio (see above)")
     ap.add_argument("--offline", type=int, metavar="STEP", default=None,
                     help="no server: the engine in this process, one embedding request added before this step")
     args = ap.parse_args()
@@ -164,25 +171,35 @@ def main() -> None:
         wait_ready(url, proc, 600, log)
         asyncio.run(run(url, 4, 8, True, 2, 16, 0.0, 0.0))  # warm-up: both kinds of request once
         rows = []
+        kinds = ["alone", "with", "control"] if args.control else ["alone", "with"]
         for p in range(args.pairs):
-            for embed in ((False, True) if p % 2 == 0 else (True, False)):
-                r = asyncio.run(run(url, args.chats, args.chat_tokens, embed, args.embed_inputs, args.embed_tokens,
-                                    args.embed_interval, args.embed_delay))
-                rows.append((p, embed, r))
-                print(f"pair {p + 1} {'with embeddings' if embed else 'chats alone    '}: decode {r['rate']:6.2f} tok/s "
+            shift = p % len(kinds)
+            for kind in kinds[shift:] + kinds[:shift]:
+                r = asyncio.run(run(url, args.chats, args.chat_tokens, kind == "with", args.embed_inputs,
+                                    args.embed_tokens, args.embed_interval, args.embed_delay))
+                rows.append((p, kind, r))
+                label = {"alone": "chats alone    ", "with": "with embeddings", "control": "chats alone (2)"}[kind]
+                print(f"pair {p + 1} {label}: decode {r['rate']:6.2f} tok/s "
                       f"per chat, TTFT {r['ttft'] * 1000:7.1f} ms, {r['embedded']} inputs embedded, "
                       f"{r['blocks_used']} blocks in use after", flush=True)
     finally:
         stop(proc)
+    def ratios(key: str, kind: str) -> list[float]:
+        got = {(q, k): r[key] for q, k, r in rows}
+        return [got[p, kind] / got[p, "alone"] for p in range(args.pairs)]
+
     for name, key in (("decode tok/s per chat", "rate"), ("TTFT s", "ttft")):
-        alone = [r[key] for _, e, r in rows if not e]
-        mixed = [r[key] for _, e, r in rows if e]
-        ratios = [next(r[key] for q, e, r in rows if q == p and e) / next(r[key] for q, e, r in rows if q == p and not e)
-                  for p in range(args.pairs)]
+        alone = [r[key] for _, k, r in rows if k == "alone"]
+        mixed = [r[key] for _, k, r in rows if k == "with"]
         spread = lambda xs: (max(xs) - min(xs)) / statistics.median(xs)  # noqa: E731
+        with_alone = ratios(key, "with")
         print(f"{name}: alone {min(alone):.3g}-{max(alone):.3g} (spread {spread(alone):.1%}), with embeddings "
               f"{min(mixed):.3g}-{max(mixed):.3g} (spread {spread(mixed):.1%}); with / alone per pair: "
-              + ", ".join(f"{x:.3f}" for x in ratios))
+              + ", ".join(f"{x:.3f}" for x in with_alone) + f" (mean {statistics.mean(with_alone):.3f})")
+        if args.control:
+            control = ratios(key, "control")
+            print("  control, alone (2) / alone per pair: " + ", ".join(f"{x:.3f}" for x in control)
+                  + f" (mean {statistics.mean(control):.3f}, {min(control):.3f}-{max(control):.3f})")
 
 
 if __name__ == "__main__":
