@@ -8,6 +8,11 @@ build targets this machine's CPU (-march=native), so the cache key includes the 
 flags, and the sources' content: a cache directory shared by different machines never
 hands one a binary built for another, nor two checkouts each other's. Without a compiler, `available()` is False after a one-line warning and
 the engine keeps the torch path.
+
+PAGEDSERVE_CPU_MARCH names another target (`x86-64-v3`: AVX2 and FMA, no AVX-512), for a
+build that must also run on older CPUs than the one it is made on, and so that the AVX2
+paths can be run on an AVX-512 machine (scripts/bench_latency.py --isa avx2); it is part
+of the build's name.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,8 +62,18 @@ def _sources_key() -> str:
     return digest.hexdigest()[:10]
 
 
+def march() -> str:
+    """The compiler's target: this machine's CPU unless PAGEDSERVE_CPU_MARCH names one."""
+    name = os.environ.get("PAGEDSERVE_CPU_MARCH", "") or "native"
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise ValueError(f"PAGEDSERVE_CPU_MARCH={name!r} is not a compiler target name (e.g. x86-64-v3)")
+    return name
+
+
 def build_name() -> str:
-    return f"pagedserve_cpu_{_cpu_key()}_{_sources_key()}"
+    target = march()
+    suffix = "" if target == "native" else "_" + re.sub(r"[^A-Za-z0-9]", "_", target)  # a C identifier
+    return f"pagedserve_cpu_{_cpu_key()}_{_sources_key()}{suffix}"
 
 
 def load() -> bool:
@@ -72,7 +88,7 @@ def load() -> bool:
             cpp_extension.load(
                 name=name,
                 sources=[str(p) for p in SOURCES],
-                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math"],
+                extra_cflags=["-O3", f"-march={march()}", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math"],
                 extra_include_paths=[str(CSRC)],
                 extra_ldflags=["-fopenmp"],
                 is_python_module=False,

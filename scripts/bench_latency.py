@@ -30,6 +30,15 @@ loop of one request per beam per step over our engine with prefix caching
 
     python scripts/bench_latency.py --beam-width 4 --rounds 3
     python scripts/bench_latency.py --beam-blocks 2,4,8 --prompt-len 400 --new-tokens 48
+
+`--isa avx2` runs both sides' AVX2 code on an AVX-512 machine, for the CPUs without
+AVX-512 that many deployments (and CI) run on: our kernels built for x86-64-v3
+(kernels/cpu.py PAGEDSERVE_CPU_MARCH), ATen and oneDNN held to AVX2, and llama-server
+built without AVX-512 (`scripts/peers/setup_llama_server.sh avx2`). The same code then
+runs on wider, faster cores than an AVX2 CPU's, so it shows the two programs' ratio, not
+an AVX2 machine's speed.
+
+    python scripts/bench_latency.py --isa avx2 --model /tmp/moe-q4km.gguf --quantization gguf-a8 --no-hf --peer llama
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import socket
 import statistics
@@ -127,6 +137,10 @@ def llama_server(gguf: Path, ctx: int) -> Iterator[str]:
         stop(proc)
 
 
+# An AVX-512 machine running AVX2 code: our kernels' target, ATen's dispatch, oneDNN's JIT.
+AVX2_ENV = {"PAGEDSERVE_CPU_MARCH": "x86-64-v3", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
 def llama(url: str, prompt: list[int], new: int) -> tuple[float, float]:
     """(TTFT s, decode tok/s) from llama-server's token stream, the same token ids as ours."""
     body = {"prompt": prompt, "n_predict": new, "stream": True, "ignore_eos": True, "temperature": 0,
@@ -177,6 +191,8 @@ def main() -> None:
                     "int8_activations: gguf-a8): also run these")
     ap.add_argument("--no-hf", action="store_true", help="leave transformers out")
     ap.add_argument("--peer", choices=["llama"], help="also llama-server on the same GGUF")
+    ap.add_argument("--isa", choices=["native", "avx2"], default="native",
+                    help="avx2: both sides run AVX2 code on this machine (see below)")
     ap.add_argument("--profile", action="store_true", help="per-step breakdown of each engine's decode")
     ap.add_argument("--workload", default="random", choices=["random", "chat", "grounded"],
                     help="random: one --prompt-len prompt of random tokens, ignoring eos; chat/grounded: "
@@ -190,6 +206,11 @@ def main() -> None:
     ap.add_argument("--spec", help=argparse.SUPPRESS)  # internal: that side's speculative_config
     args = ap.parse_args()
 
+    if args.isa == "avx2":  # before any engine side starts: they inherit it
+        os.environ.update(AVX2_ENV)
+        import servers  # scripts/ is on sys.path when run as a script
+
+        servers.LLAMA_SERVER = servers.LLAMA_SERVER_AVX2
     files = loader.resolve(args.model, blocks=args.no_hf)  # the dense conversion only for transformers
     vocab = loader.load_config(files).vocab_size
     rng = random.Random(0)

@@ -21,6 +21,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".peers" / "vllm" / "bin" / "python"
 LLAMA_SERVER = ROOT / ".peers" / "llama.cpp" / "build" / "bin" / "llama-server"
+LLAMA_SERVER_AVX2 = ROOT / ".peers" / "llama.cpp" / "build-avx2" / "bin" / "llama-server"  # setup_llama_server.sh avx2
 
 
 def all_cores() -> None:
@@ -95,7 +96,8 @@ def start_llama(gguf: Path, port: int, slots: int, ctx: int, prefix_caching: boo
     """llama-server with every core (threads and affinity), `slots` parallel sequences of
     `ctx` tokens each."""
     if not LLAMA_SERVER.is_file():
-        raise SystemExit("llama-server missing: run scripts/peers/setup_llama_server.sh first")
+        raise SystemExit(f"{LLAMA_SERVER} missing: run scripts/peers/setup_llama_server.sh first"
+                         + (" with `avx2`" if LLAMA_SERVER == LLAMA_SERVER_AVX2 else ""))
     threads = str(os.cpu_count() or 1)
     cmd = [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", threads,
            "-tb", threads, "--parallel", str(slots), "-c", str(ctx * slots), "--seed", "0"]

@@ -237,3 +237,18 @@ def test_add_rms_norm_with_an_fp32_weight_rounds_once_after_it():
     torch.testing.assert_close(got, want, atol=0.02, rtol=0.01)
     early = cpu.add_rms_norm(None, summed.clone(), weight.to(BF16), 1e-6)  # Llama's order
     assert (got.float() - want.float()).abs().sum() < (early.float() - want.float()).abs().sum()
+
+
+def test_another_compiler_target_builds_apart(monkeypatch):
+    """PAGEDSERVE_CPU_MARCH builds for another target (x86-64-v3 runs the AVX2 paths on an
+    AVX-512 machine) into a directory of its own, never over this machine's build."""
+    native = cpu.build_name()
+    monkeypatch.setenv("PAGEDSERVE_CPU_MARCH", "x86-64-v3")
+    assert cpu.march() == "x86-64-v3"
+    other = cpu.build_name()
+    assert other != native and other.isidentifier()
+    monkeypatch.setenv("PAGEDSERVE_CPU_MARCH", "native; rm -rf /")
+    with pytest.raises(ValueError, match="PAGEDSERVE_CPU_MARCH"):
+        cpu.march()
+    monkeypatch.delenv("PAGEDSERVE_CPU_MARCH")
+    assert cpu.build_name() == native
