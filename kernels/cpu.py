@@ -9,10 +9,9 @@ flags, and the sources' content: a cache directory shared by different machines 
 hands one a binary built for another, nor two checkouts each other's. Without a compiler, `available()` is False after a one-line warning and
 the engine keeps the torch path.
 
-PAGEDSERVE_CPU_MARCH names another target (`x86-64-v3`: AVX2 and FMA, no AVX-512), for a
-build that must also run on older CPUs than the one it is made on, and so that the AVX2
-paths can be run on an AVX-512 machine (scripts/bench_latency.py --isa avx2); it is part
-of the build's name.
+PAGEDSERVE_CPU_MARCH names another target (`x86-64-v3`: AVX2 and FMA, no AVX-512), so
+that the AVX2 paths can be run and timed on an AVX-512 machine (scripts/bench_latency.py
+--isa avx2); it is part of the build's name.
 """
 
 from __future__ import annotations
