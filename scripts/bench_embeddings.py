@@ -7,7 +7,7 @@ inputs of about `--embed-tokens` tokens, each `--embed-interval` seconds after t
 one's answer (0: back to back, the chats' worst case). Per run: the chats'
 median decode rate (tokens after the first over the time after the first) and median
 time to first token, the embedding inputs served, and /stats' blocks in use afterwards.
-The order inside a pair alternates, so drift hits both sides.
+The order inside a pair alternates (rotates, with --control), so drift hits every side.
 
     python scripts/bench_embeddings.py --pairs 3                       # a request a second
     python scripts/bench_embeddings.py --pairs 3 --embed-interval 0    # back to back
@@ -184,6 +184,7 @@ def main() -> None:
                       f"{r['blocks_used']} blocks in use after", flush=True)
     finally:
         stop(proc)
+
     def ratios(key: str, kind: str) -> list[float]:
         got = {(q, k): r[key] for q, k, r in rows}
         return [got[p, kind] / got[p, "alone"] for p in range(args.pairs)]
