@@ -19,6 +19,7 @@ compaction; with the cache moved as well the same comparison ran 0.89-0.96x.
 from __future__ import annotations
 
 import functools
+import math
 import mmap
 from pathlib import Path
 
@@ -43,10 +44,7 @@ def available() -> bool:
 def empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """A zeroed CPU tensor whose whole 2 MiB spans are huge pages where the kernel has them;
     below one page's size, or without them, a plain torch.zeros."""
-    count = 1
-    for size in shape:
-        count *= size
-    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < HUGE or not available():
         return torch.zeros(shape, dtype=dtype)
     # Fresh anonymous pages read as zeros; the mapping lives as long as a tensor views it.
