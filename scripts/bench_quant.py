@@ -25,7 +25,8 @@ cache, so a GGUF converts (the first start of a model), and adds what the cache 
     python scripts/bench_quant.py --rss --first-load --model /tmp/q17-q4km.gguf --modes '' --dtype bfloat16
 
 `--cold` times one decode row through each of a layer's GEMMs as a model step meets
-them: `--layers` copies of each weight, called in turn, so every block comes from DRAM
+them: `--layers` copies of each weight on huge pages as the engine has them, called in
+turn, so every block comes from DRAM
 (the hot loop above reads weights a cache may hold); it prints each GEMM's read rate
 with int8 activations, the median over passes.
 
@@ -48,7 +49,7 @@ import torch
 
 from timing import best  # scripts/ is on sys.path when run as a script
 from engine.models import packed_linear
-from kernels import quant
+from kernels import pages, quant
 
 # (N, K) of SmolLM2-135M's GEMMs: qkv, o, gate_up, down; the head separately.
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
@@ -120,7 +121,8 @@ def cold(shape: str | None, types: str, layers: int, gen: torch.Generator) -> No
     for name in types.split(","):
         qtype, rates = NAMES[name], []
         for n, k in layer:
-            copies = [blocks(qtype, n, k, gen) for _ in range(layers)]
+            # on 2 MiB pages, as the engine places quantized blocks (kernels/pages.py)
+            copies = [(pages.move(w), sc) for w, sc in (blocks(qtype, n, k, gen) for _ in range(layers))]
             x = torch.randn(1, k, generator=gen)
             passes = []
             for _ in range(9):

@@ -4,9 +4,6 @@ and whatever cannot be served is refused naming `quantization`."""
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -14,10 +11,10 @@ from engine import LLM, SamplingParams
 from engine.errors import ParamError
 from engine.models import default_model_path, quantize
 from kernels import quant
+from tests.support.quality import force_int8_rows, perplexity
 
 
 KW = dict(max_model_len=512, kv_cache_memory_bytes=128 << 20)
-TEXT = (Path(__file__).resolve().parents[1] / "data" / "perplexity.txt").read_text()
 TOPICS = ["rivers", "bread", "the moon", "chess", "volcanoes", "tea", "bicycles", "owls", "glass", "winter",
           "maps", "bees", "violins", "deserts", "trains", "salt", "clocks", "whales", "paper", "storms",
           "gardens", "bridges", "coffee", "lighthouses"]
@@ -87,9 +84,7 @@ def test_int8_activations_cost_little_perplexity(gguf_llm, monkeypatch):
     layers = [m for m in model_of(a8).modules() if isinstance(m, quantize.QuantLinear)]
     assert layers and all(m.int8_activations for m in layers)  # the head's too
     exact = perplexity(gguf_llm)
-    qlinear = quant.qlinear
-    monkeypatch.setattr(quant, "qlinear", lambda x, w, s, q, k, kernel="auto", a8=False:
-                        qlinear(x, w, s, q, k, "few" if a8 and quant.few_rows_available(q, k) else kernel, a8))
+    force_int8_rows(monkeypatch)
     rounded = perplexity(a8)
     assert rounded != exact or not quant.few_rows_available(quant.Q4_1, 576)  # the rounding did run
     assert abs(rounded - exact) / exact < 0.02, (exact, rounded)
@@ -110,13 +105,6 @@ def test_int8_activations_under_auto_on_dense_weights_is_said(tiny_model_factory
         llm = LLM(model, dtype="float32", quantization="auto", int8_activations=True, **KW)
     assert llm.stats().quantization is None
     assert "int8_activations" in caplog.text
-
-
-def perplexity(llm: LLM) -> float:
-    ids = llm.tokenizer.encode(TEXT)[:500]
-    out = llm.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
-    lps = [lp.logprob for lp in out.prompt_logprobs[1:]]
-    return math.exp(-sum(lps) / len(lps))
 
 
 def test_int8_perplexity_is_within_one_percent_of_fp32(fp32):
