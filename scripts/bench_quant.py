@@ -26,9 +26,8 @@ cache, so a GGUF converts (the first start of a model), and adds what the cache 
 
 `--cold` times one decode row through each of a layer's GEMMs as a model step meets
 them: `--layers` copies of each weight on huge pages as the engine has them, called in
-turn, so every block comes from DRAM
-(the hot loop above reads weights a cache may hold); it prints each GEMM's read rate
-with int8 activations, the median over passes.
+turn, so every block comes from DRAM (the hot loop above reads weights a cache may
+hold); it prints each GEMM's read rate with int8 activations, the median over passes.
 
     python scripts/bench_quant.py --cold --shape qwen3-0.6b --types Q4_K,Q6_K
 """
