@@ -74,8 +74,8 @@ def test_gemma3_270m_int8_activations_cost_little_perplexity(monkeypatch):
     kernel, which rounds x per 32 values; the embedded model's test (test_quantization.py)
     covers Q4_1 only. What a user relies on is the model staying as good: its perplexity
     with every GEMM row through that kernel within 2% of the exact blocks' (0.7% measured;
-    one scale per 256 values, as llama.cpp's Q8_K rounds for the K-quants, measured 3.3%:
-    LOG, session 36)."""
+    one scale per 256 values, as llama.cpp's Q8_K rounds for the K-quants, did worse in an
+    experiment that was not kept: LOG, session 36)."""
     exact = LLM(TAG, dtype="float32", max_model_len=1024, quantization="gguf")
     base = perplexity(exact)
     del exact
