@@ -120,15 +120,16 @@ def hf(model, prompt: list[int], new: int) -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def llama_server(gguf: Path, ctx: int) -> Iterator[str]:
-    """llama-server on the GGUF with one slot of `ctx` tokens and every core."""
-    from servers import start_llama, stop, wait_ready  # scripts/ is on sys.path
+def llama_server(gguf: Path, ctx: int, isa: str) -> Iterator[str]:
+    """llama-server on the GGUF with one slot of `ctx` tokens and every core; its AVX2 build
+    for `isa` avx2."""
+    from servers import LLAMA_SERVER, LLAMA_SERVER_AVX2, start_llama, stop, wait_ready  # scripts/ is on sys.path
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = Path(tempfile.gettempdir()) / "bench_latency_llama.log"
-    proc = start_llama(gguf, port, 1, ctx, False, log)
+    proc = start_llama(gguf, port, 1, ctx, False, log, LLAMA_SERVER_AVX2 if isa == "avx2" else LLAMA_SERVER)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, 300, log)
@@ -208,9 +209,6 @@ def main() -> None:
 
     if args.isa == "avx2":  # before any engine side starts: they inherit it
         os.environ.update(AVX2_ENV)
-        import servers  # scripts/ is on sys.path when run as a script
-
-        servers.LLAMA_SERVER = servers.LLAMA_SERVER_AVX2
     files = loader.resolve(args.model, blocks=args.no_hf)  # the dense conversion only for transformers
     vocab = loader.load_config(files).vocab_size
     rng = random.Random(0)
@@ -248,7 +246,7 @@ def main() -> None:
     if args.peer == "llama":
         sides.append(("llama-server", llama, stack.enter_context(
             llama_server(Path(args.model) if args.model else loader.default_model_path(),
-                         max(2048, args.prompt_len + args.new_tokens)))))
+                         max(2048, args.prompt_len + args.new_tokens), args.isa))))
     width = max(len(name) for name, _, _ in sides)
     rounds: list[dict[str, tuple[float, float]]] = []
     profiles, accepts = {}, {}

@@ -92,14 +92,15 @@ def start_vllm(args, model_dir: Path, port: int, log: Path) -> subprocess.Popen:
                             stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=all_cores)
 
 
-def start_llama(gguf: Path, port: int, slots: int, ctx: int, prefix_caching: bool, log: Path) -> subprocess.Popen:
+def start_llama(gguf: Path, port: int, slots: int, ctx: int, prefix_caching: bool, log: Path,
+                binary: Path = LLAMA_SERVER) -> subprocess.Popen:
     """llama-server with every core (threads and affinity), `slots` parallel sequences of
-    `ctx` tokens each."""
-    if not LLAMA_SERVER.is_file():
-        raise SystemExit(f"{LLAMA_SERVER} missing: run scripts/peers/setup_llama_server.sh first"
-                         + (" with `avx2`" if LLAMA_SERVER == LLAMA_SERVER_AVX2 else ""))
+    `ctx` tokens each; `binary` is LLAMA_SERVER or LLAMA_SERVER_AVX2."""
+    if not binary.is_file():
+        raise SystemExit(f"{binary} missing: run scripts/peers/setup_llama_server.sh first"
+                         + (" with `avx2`" if binary == LLAMA_SERVER_AVX2 else ""))
     threads = str(os.cpu_count() or 1)
-    cmd = [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", threads,
+    cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", threads,
            "-tb", threads, "--parallel", str(slots), "-c", str(ctx * slots), "--seed", "0"]
     cmd.append("--cache-prompt" if prefix_caching else "--no-cache-prompt")
     return subprocess.Popen(cmd, cwd="/tmp", stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=all_cores)

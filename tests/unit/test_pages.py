@@ -45,7 +45,7 @@ def test_move_keeps_every_value_and_starts_on_a_huge_page() -> None:
         assert moved is t  # nothing to gain: the tensor as it was
 
 
-def test_small_tensors_and_other_devices_stay_where_they_are() -> None:
+def test_small_tensors_stay_where_they_are() -> None:
     small = torch.ones(1000)
     assert pages.move(small) is small
     assert torch.equal(pages.empty((10, 10), torch.float32), torch.zeros(10, 10))
