@@ -214,7 +214,7 @@ def create_executor(config: EngineConfig, placement: Placement, files: loader.Mo
     process has loaded its weights; the workers' own are counted from the config."""
     backend = placement.attention_backend.load()
     dummy = config.load_format == "dummy"
-    fused = backend.fused_ops
+    fused = backend.fused_kernels()
     if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
         model = loader.build_model(None if dummy else files, hf_config, placement.dtype, placement.device,
                                    max_positions=placement.max_positions, dummy=dummy, seed=config.seed, fused=fused,

@@ -60,7 +60,7 @@ def build(spec: WorkerSpec, rank: int, waiting: Callable[[], None] | None = None
     group = parallel.connect(layout, spec.port, parallel.backend_for(device), spec.timeout_s, waiting)
     model = loader.build_model(spec.files, spec.hf_config, spec.dtype, device, max_positions=spec.max_positions,
                                dummy=spec.files is None, seed=spec.seed + rank,
-                               fused=spec.attention_backend.fused_ops, dist=group)
+                               fused=spec.attention_backend.fused_kernels(), dist=group)
     runner = ModelRunner(model, spec.num_blocks, spec.block_size, spec.dtype, device, spec.attention_backend,
                          cores, spec.kv_groups)
     return group, runner

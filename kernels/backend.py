@@ -9,6 +9,8 @@ explicit "native" is an error naming attention_backend.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from kernels import cpu, reference
@@ -16,7 +18,6 @@ from kernels import cpu, reference
 
 class AttentionBackend:
     name = "torch"
-    fused_ops = False  # the native build also carries fused rotary, add+RMSNorm and SiLU-mul
     pins_threads = False  # the native build pins torch's threads to cores on first use
     # Capturable in a CUDA graph (engine/cuda_graphs.py): every shape read on the device,
     # no host sync; the reference's store_kv asks the host whether any slot is padding.
@@ -25,6 +26,11 @@ class AttentionBackend:
     def load(self) -> AttentionBackend:
         """The backend that will run, ready: this one, or a fallback."""
         return self
+
+    def fused_kernels(self) -> Any:
+        """The module whose add_rms_norm, rope_qk and silu_mul the decoder's fused layer calls
+        (DecoderLayer.forward_fused), where this backend has them; None: the module path."""
+        return None
 
     def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
@@ -73,6 +79,11 @@ class TritonBackend(AttentionBackend):
     name = "triton"
     graph_safe = True
 
+    def fused_kernels(self) -> Any:
+        from kernels import triton_fused
+
+        return triton_fused
+
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         from kernels import triton_attention  # Triton is imported only when it runs
 
@@ -93,7 +104,6 @@ class NativeBackend(AttentionBackend):
     """The C++ CPU kernels (kernels/cpu.py): decode and prefill chunks in one call per layer."""
 
     name = "native"
-    fused_ops = True
     pins_threads = True
 
     def __init__(self, required: bool = False) -> None:
@@ -107,6 +117,9 @@ class NativeBackend(AttentionBackend):
         if self.required:
             raise ParamError("attention_backend", "the native CPU kernel could not be built (see the warning)")
         return TorchBackend()
+
+    def fused_kernels(self) -> Any:
+        return cpu
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         cpu.store_kv(key, value, k_cache, v_cache, slot_mapping)

@@ -39,8 +39,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 HEAD_DIMS = (64, 128, 256)
 GROUPS = (1, 4, 8)  # query heads per KV head: MHA, Llama-3 / Gemma 3 270M, Qwen3 (up to 16 shares a tile)
 BLOCK_SIZES = (8, 16, 32)
-PATHS = ("store_kv", "decode", "decode_split", "prefill")
-_KERNELS = ("_store_kv_kernel", "_decode_kernel", "_decode_reduce_kernel", "_prefill_kernel")
+PATHS = ("store_kv", "decode", "decode_split", "prefill", "fused")
+_KERNELS = {"triton_attention": ("_store_kv_kernel", "_decode_kernel", "_decode_reduce_kernel", "_prefill_kernel"),
+            "triton_fused": ("_add_rms_norm_kernel", "_silu_mul_kernel", "_rope_qk_kernel")}
 
 
 @dataclass(frozen=True)
@@ -99,22 +100,29 @@ class _Recorder:
 
 @contextlib.contextmanager
 def _recording() -> Iterator[list]:
-    from kernels import triton_attention as ta
+    import importlib
 
     calls: list = []
-    saved = {name: getattr(ta, name) for name in _KERNELS}
-    for name, fn in saved.items():
-        setattr(ta, name, _Recorder(fn, calls))
+    saved = []
+    for module_name, names in _KERNELS.items():
+        mod = importlib.import_module(f"kernels.{module_name}")
+        saved += [(mod, name, getattr(mod, name)) for name in names]
+    for mod, name, fn in saved:
+        setattr(mod, name, _Recorder(fn, calls))
     try:
         yield calls
     finally:
-        for name, fn in saved.items():
-            setattr(ta, name, fn)
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
 
 
 def launches(cfg: Config) -> list[tuple[Any, tuple, dict]]:
-    """The kernel launches the engine's wrappers make for this config, on meta tensors."""
+    """The kernel launches the engine's wrappers make for this config, on meta tensors; the
+    "fused" path is the decoder's fused layer around an attention of this shape (a hidden
+    size of its query heads, an MLP three times that; Gemma's fp32 norm weight with the
+    soft-capped config, q/k norms from a group of four up)."""
     from kernels import triton_attention as ta
+    from kernels import triton_fused as tf
 
     dtype, kv_heads, seqs, blocks = DTYPES[cfg.dtype], 8, 4, 512
     heads = kv_heads * cfg.group
@@ -125,7 +133,16 @@ def launches(cfg: Config) -> list[tuple[Any, tuple, dict]]:
     cap = 50.0 if cfg.softcap else 0.0
     sinks = torch.empty(kv_heads * cfg.group, dtype=torch.float32, **meta) if cfg.sinks else None
     with _recording() as calls:
-        if cfg.path == "store_kv":
+        if cfg.path == "fused":
+            hidden, rows = heads * cfg.head_dim, 16
+            x = torch.empty(rows, hidden, dtype=dtype, **meta)
+            tf.add_rms_norm(x, x, torch.empty(hidden, dtype=torch.float32 if cfg.softcap else dtype, **meta), 1e-6)
+            qkv = torch.empty(rows, (heads + 2 * kv_heads) * cfg.head_dim, dtype=dtype, **meta)
+            rope = torch.empty(rows, cfg.head_dim, dtype=dtype, **meta)
+            norm = torch.empty(heads + kv_heads, cfg.head_dim, **meta) if cfg.group >= 4 else None
+            tf.rope_qk(qkv, rope, rope, heads, kv_heads, cfg.head_dim, norm, 1e-6)
+            tf.silu_mul(torch.empty(rows, 6 * hidden, dtype=dtype, **meta))
+        elif cfg.path == "store_kv":
             kv = torch.empty(64, kv_heads, cfg.head_dim, dtype=dtype, **meta)
             ta.store_kv(kv, kv, cache, cache, torch.empty(64, dtype=torch.int64, **meta))
         elif cfg.path.startswith("decode"):

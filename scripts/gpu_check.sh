@@ -2,8 +2,8 @@
 # Everything a lent GPU should answer, in one command, inside 8 minutes at most (docs/gpu.md):
 #   1. the gpu test tier (tests/gpu/test_gpu.py): greedy fp32 equal to transformers, bf16 within
 #      tolerance, CUDA-graph replay equal to eager, prefix caching, preemption, speculation;
-#   2. the Triton kernels' tests on the device (tests/unit/test_kernels.py, KERNELS_NATIVE=1),
-#      every compiled configuration included;
+#   2. the Triton kernels' tests on the device (tests/unit/test_kernels.py, test_window_attention.py
+#      and test_fused_ops.py, KERNELS_NATIVE=1), every compiled configuration included;
 #   3. scripts/bench_kernels.py: decode attention against the copy bandwidth;
 #   4. scripts/bench_gpu.py: two runs each of throughput at a 1.7B shape (graphs, eager, transformers) and the
 #      batch-1 decode step against the weights' bytes over the bandwidth.
@@ -53,9 +53,11 @@ step() {  # step NAME SECONDS CMD...: run it under a time limit, note a failure,
 }
 
 step "gpu tier" 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu.py --junitxml "$OUT/gpu_tier.xml"
-# test_window_attention's Triton cases (windows, soft-caps, sinks); its CPU-kernel cases are the CI's
-step "kernels on the device" 120 env KERNELS_NATIVE=1 "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_kernels.py \
-    tests/unit/test_window_attention.py -k "not reference_and_native" -x --junitxml "$OUT/kernels.xml"
+# test_window_attention's Triton cases (windows, soft-caps, sinks); its CPU-kernel cases are the CI's.
+# test_fused_ops: the fused layer's add + RMSNorm, q/k norm + rotary and SiLU-mul.
+step "kernels on the device" 150 env KERNELS_NATIVE=1 "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_kernels.py \
+    tests/unit/test_window_attention.py tests/unit/test_fused_ops.py -k "not reference_and_native" -x \
+    --junitxml "$OUT/kernels.xml"
 step "bench_kernels" 60 "$PY" scripts/bench_kernels.py --batches 1,32,256 --contexts 512,4096 --out "$OUT/bench_kernels.md"
 step "bench_gpu" 180 "$PY" scripts/bench_gpu.py --pairs 2 --out "$OUT/bench_gpu.md"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,6 @@ from engine.models.layers.attention import Attention, AttnMetadata
 from engine.models.layers.mlp import MLP
 from engine.models.layers.moe import SparseMoE
 from engine.models.layers.norm import RMSNorm
-from kernels import cpu as cpu_kernels
 
 __all__ = ["AttnMetadata", "DecoderForCausalLM", "head_dim", "kv_block_bytes", "num_kv_heads"]
 
@@ -78,6 +78,7 @@ class Flat:
     sinks: torch.Tensor | None  # gpt-oss's per-head sink logits, fp32
     residual_scale: float
     reduce: Callable[[torch.Tensor], torch.Tensor] | None  # the tensor-parallel all-reduce, if any
+    ops: Any  # add_rms_norm, rope_qk, silu_mul: kernels.cpu or kernels.triton_fused
 
 
 class DecoderLayer(nn.Module):
@@ -112,9 +113,9 @@ class DecoderLayer(nn.Module):
         h = h + self.post_attention_layernorm(self.self_attn(h, cos, sin, kv_cache, meta))
         return h + self.post_feedforward_layernorm(self.mlp(h))
 
-    def flatten(self) -> None:
+    def flatten(self, ops: Any) -> None:
         """Plain references to what forward_fused uses, taken once the weights are final
-        (loaded, packed or quantized)."""
+        (loaded, packed or quantized); `ops` holds the fused kernels."""
         attn, mlp = self.self_attn, self.mlp
         moe = isinstance(mlp, SparseMoE)
         qk_norm = None
@@ -135,16 +136,19 @@ class DecoderLayer(nn.Module):
             heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
             q_size=attn.q_size, v_at=attn.q_size + attn.kv_size, scale=attn.scale, window=attn.window,
             softcap=attn.softcap, sinks=attn.sinks.detach().float() if attn.sinks is not None else None,
-            residual_scale=self.spec.residual_scale, reduce=attn.tp.all_reduce if attn.tp.size > 1 else None)
+            residual_scale=self.spec.residual_scale, reduce=attn.tp.all_reduce if attn.tp.size > 1 else None,
+            ops=ops)
 
     def forward_fused(self, residual, pending, cos, sin, kv_cache, meta,
                       keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same layer (pre-norm and sandwich-norm architectures) on the native CPU
-        kernels: each residual add fused into the norm after it (`residual` updated in
-        place, the MLP output, Gemma's normed, returned as the next layer's `pending`; Gemma's
-        attention output normed before it joins the residual), the rotary fused, and written flat, with no
-        nn.Module call or module attribute lookup inside: at batch 1 on quantized weights
-        the Python around the kernels had taken about 95 us a layer, a quarter of the step.
+        """The same layer (pre-norm and sandwich-norm architectures) on fused kernels (the
+        native CPU ones, or Triton's on a GPU): each residual add fused into the norm after
+        it (`residual` updated in place, the MLP output, Gemma's normed, returned as the next
+        layer's `pending`; Gemma's attention output normed before it joins the residual),
+        the rotary fused, and written flat, with no nn.Module call or module attribute
+        lookup inside: at batch 1 on quantized weights the Python around the kernels had
+        taken about 95 us a layer, a quarter of the step. On a GPU the module path's forty
+        small kernels a layer had taken more device time than the GEMMs, graphs or not.
         cos and sin are [n, rotary dims]. Returns (residual, pending).
 
         `keep`, on the model's last layer: the rows that need logits. Every row's K and V
@@ -152,11 +156,11 @@ class DecoderLayer(nn.Module):
         chunk that is one row a prompt instead of all of them. Each GEMM row is computed
         on its own, so the kept rows' values are the same."""
         f = self.flat
-        x = cpu_kernels.add_rms_norm(pending, residual, f.norm1, f.eps1)
+        x = f.ops.add_rms_norm(pending, residual, f.norm1, f.eps1)
         n = x.shape[0]
         qkv = f.qkv(x)
         # per-head RMSNorm of q and k (Qwen3, Gemma 3) inside the rotary's pass
-        q, k = cpu_kernels.rope_qk(qkv, cos, sin, f.heads, f.kv_heads, f.head_dim, f.qk_norm, f.qk_eps)
+        q, k = f.ops.rope_qk(qkv, cos, sin, f.heads, f.kv_heads, f.head_dim, f.qk_norm, f.qk_eps)
         v = qkv[:, f.v_at:].view(n, f.kv_heads, f.head_dim)
         k_cache, v_cache = kv_cache
         backend = meta.backend
@@ -170,8 +174,8 @@ class DecoderLayer(nn.Module):
         if f.reduce is not None:
             out = f.reduce(out)
         if f.post_attn is not None:
-            out = cpu_kernels.add_rms_norm(None, out, f.post_attn, f.eps1)
-        x = cpu_kernels.add_rms_norm(out, residual, f.norm2, f.eps2)
+            out = f.ops.add_rms_norm(None, out, f.post_attn, f.eps1)
+        x = f.ops.add_rms_norm(out, residual, f.norm2, f.eps2)
         if f.experts is not None:
             out = f.experts(x)
             return residual, (out * f.residual_scale if f.residual_scale != 1.0 else out)
@@ -179,7 +183,7 @@ class DecoderLayer(nn.Module):
         if f.glu:
             out = f.down(up)
         elif f.act is None:
-            out = f.down(cpu_kernels.silu_mul(up))
+            out = f.down(f.ops.silu_mul(up))
         else:
             gate, up = up.split(f.inter, dim=-1)
             out = f.down(f.act(gate) * up)
@@ -188,7 +192,7 @@ class DecoderLayer(nn.Module):
         if f.reduce is not None:
             out = f.reduce(out)
         if f.post_mlp is not None:
-            out = cpu_kernels.add_rms_norm(None, out, f.post_mlp, f.eps1)
+            out = f.ops.add_rms_norm(None, out, f.post_mlp, f.eps1)
         return residual, out
 
 
@@ -262,15 +266,15 @@ class DecoderForCausalLM(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.tie else self.lm_head.weight
 
-    def use_fused_ops(self) -> None:
-        """The native CPU kernels' fused layer (DecoderLayer.forward_fused) where it runs the
-        architecture (ArchSpec.fusable); CPU only, and last, once the weights are loaded,
-        packed or quantized."""
+    def use_fused_ops(self, ops: Any) -> None:
+        """The fused layer (DecoderLayer.forward_fused) on `ops` (the attention backend's
+        fused_kernels()) where it runs the architecture (ArchSpec.fusable); last, once the
+        weights are loaded, packed or quantized."""
         if not self.arch.fusable():
             return
         self.fused = True
         for layer in self.layers:
-            layer.flatten()
+            layer.flatten(ops)
 
     def pack_linears(self) -> None:
         """Prepack every GEMM weight for oneDNN or the native GEMM (CPU only; after loading,

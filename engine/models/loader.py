@@ -238,14 +238,15 @@ def build_model(
     max_positions: int,
     dummy: bool = False,
     seed: int = 0,
-    fused: bool = False,
+    fused: Any = None,
     dist: parallel.Dist | None = None,
     quantization: str | None = None,
     int8_activations: bool = False,
 ) -> DecoderForCausalLM:
     """Instantiate our model and fill it: from the checkpoint, or randomly for `dummy`.
 
-    `fused` (CPU, with the native kernels built) swaps eager elementwise chains for fused ops.
+    `fused` (the attention backend's fused_kernels(): the native CPU ops or the Triton ones)
+    swaps eager elementwise chains for fused ops.
     `quantization` (engine/models/quantize.py) then swaps every GEMM weight and the
     embedding for quantized ones, releasing the fp32 tensors; `int8_activations` has their
     decode GEMMs round activations to int8."""
@@ -290,8 +291,8 @@ def build_model(
                 raise ParamError("model", f"{files.source}: no GGUF blocks replaced {unfilled[:3]}")
     if quantization in (None, "mxfp4") and packed_linear.supported(device, dtype):
         model.pack_linears()  # `mxfp4` keeps every GEMM but the experts dense
-    if fused and device.type == "cpu":
-        model.use_fused_ops()
+    if fused is not None:
+        model.use_fused_ops(fused)
     return model
 
 

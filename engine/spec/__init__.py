@@ -108,7 +108,7 @@ def create(sc: SpeculativeConfig, plan: DraftPlan | None, config: EngineConfig, 
     dummy = config.load_format == "dummy"
     model = loader.build_model(None if dummy else plan.files, plan.hf_config, plan.dtype, placement.device,
                                max_positions=placement.max_positions, dummy=dummy, seed=config.seed,
-                               fused=backend.fused_ops, quantization=sc.quantization,
+                               fused=backend.fused_kernels(), quantization=sc.quantization,
                                int8_activations=config.int8_activations)
     runner = ModelRunner(model, num_blocks, config.block_size, plan.dtype, placement.device, backend, cores)
     return DraftProposer(runner, kv_manager, generator)

@@ -1,10 +1,13 @@
 """Every supported architecture, greedy in fp32, token for token against transformers on
 tiny random checkpoints whose windows are shorter than the prompts: under preemption and
-chunked prefill, on the native CPU kernels and on the torch reference path."""
+chunked prefill, on the native CPU kernels and on the torch reference path; the fused
+layer's architectures also on the Triton kernels a GPU runs (here in Triton's interpreter)."""
 
 from __future__ import annotations
 
 import zlib
+
+from tests.support.kernel_checks import NATIVE  # first: sets TRITON_INTERPRET before triton loads
 
 import pytest
 import torch
@@ -30,8 +33,14 @@ def arch_dir(tmp_path_factory, default_model_dir):
     return make
 
 
-@pytest.mark.parametrize("backend", ["native", "torch"])
-@pytest.mark.parametrize("model_type", sorted(arch_models.ARCHS))
+# The Triton path's fused layer (kernels/triton_fused.py) under q/k norms and YaRN (qwen3),
+# sandwich norms with fp32 weights, GELU and two rope bases (gemma3_text) and a partial
+# rotary (phi3); on a GPU the gpu tier runs it natively.
+TRITON = [] if NATIVE else ["gemma3_text", "phi3", "qwen3"]
+CASES = [(m, b) for m in sorted(arch_models.ARCHS) for b in ("native", "torch")] + [(m, "triton") for m in TRITON]
+
+
+@pytest.mark.parametrize("model_type,backend", CASES)
 def test_architecture_matches_transformers(model_type, backend, arch_dir):
     path = arch_dir(model_type)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -27,12 +27,15 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills(tmp_path, capsys
     reports = json.loads(out.read_text())
     assert not [r for r in reports if r["problems"]]
     seen = {(r["kernel"], r["arch"]) for r in reports}
-    kernels = {"_store_kv_kernel", "_decode_kernel", "_decode_reduce_kernel", "_prefill_kernel"}
+    kernels = {"_store_kv_kernel", "_decode_kernel", "_decode_reduce_kernel", "_prefill_kernel",
+               "_add_rms_norm_kernel", "_rope_qk_kernel", "_silu_mul_kernel"}  # the last three: the fused layer's
     assert seen == {(k, a) for k in kernels for a in tc.ARCHS}
     for field, values in (("dtype", tc.DTYPES), ("head_dim", tc.HEAD_DIMS), ("group", tc.GROUPS),
                           ("block_size", tc.BLOCK_SIZES)):
         for kernel in ("_decode_kernel", "_prefill_kernel"):
             assert {r["config"][field] for r in reports if r["kernel"] == kernel} == set(values), (field, kernel)
+    for field, values in (("dtype", tc.DTYPES), ("head_dim", tc.HEAD_DIMS)):  # the fused layer's, every head size
+        assert {r["config"][field] for r in reports if r["kernel"] == "_rope_qk_kernel"} == set(values), field
     assert all(r["registers"] > 0 for r in reports)
     split = [r for r in reports if r["kernel"] == "_decode_kernel" and r["config"]["path"] == "decode_split"]
     assert {r["config"]["head_dim"] for r in split} == set(tc.HEAD_DIMS)
