@@ -15,6 +15,7 @@ the choice to sequences and blocks (engine/engine.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,20 @@ from engine.detokenizer import Detokenizer
 from engine.messages import CompletionDelta
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+
+
+def penalized(cum_logprob: float, length: int, length_penalty: float) -> float:
+    """cum_logprob / length ** length_penalty, as transformers ranks hypotheses. A finite
+    but extreme penalty makes the power overflow (an OverflowError, which had killed the
+    engine loop) or underflow to zero: there the quotient is taken at its limit, -0.0 or
+    -inf, so the search ranks what float arithmetic can and goes on."""
+    try:
+        denom = float(length) ** length_penalty
+    except OverflowError:
+        return -0.0 if cum_logprob <= 0 else 0.0
+    if denom == 0.0:
+        return -math.inf if cum_logprob < 0 else (math.inf if cum_logprob > 0 else 0.0)
+    return cum_logprob / denom
 
 
 @dataclass
@@ -95,7 +110,7 @@ class BeamSearch:
                     reason = "stop" if token in self.end_ids else "length"
                     stop = token if token in self.stop_ids and token not in self.eos_ids else None
                     ended.append(Hypothesis(parent.output_token_ids + [token], cum,
-                                            cum / length ** self.length_penalty, reason, stop))
+                                            penalized(cum, length, self.length_penalty), reason, stop))
             elif len(running) < self.width:
                 running.append(Candidate(parent, token, cum))
         if ended:
@@ -110,7 +125,7 @@ class BeamSearch:
         if len(self.finished) < self.width or not running:
             return
         best = self.max_tokens if self.early_stopping == "never" and self.length_penalty > 0 else length
-        self.improvable = running[0].cum_logprob / best ** self.length_penalty > self.finished[-1].score
+        self.improvable = penalized(running[0].cum_logprob, best, self.length_penalty) > self.finished[-1].score
 
     def outputs(self, tokenizer: Any, prompt_token_ids: list[int], params: SamplingParams) -> list[CompletionDelta]:
         """The finished beams, best first, each whole: its text leaves out the end token."""

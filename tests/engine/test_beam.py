@@ -89,3 +89,19 @@ def test_abort_mid_search_and_forced_preemption(tokenizer):
     stats = tight.stats()
     assert stats.num_preemptions > 0 and stats.blocks_free == stats.blocks_total
     assert got == want
+
+
+@pytest.mark.parametrize("length_penalty", [1e4, -1e4, 1e300])
+def test_an_extreme_length_penalty_ends_its_search_and_the_engine_goes_on(llm, tokenizer, length_penalty):
+    """A finite but extreme length_penalty makes length ** length_penalty overflow or vanish:
+    Python's power raised OverflowError inside the engine loop, which died with it (found by
+    the served API's schema fuzzing). The search now ends with its beams, nothing leaks, and
+    the next request is served as before."""
+    prompt = make_prompts(tokenizer, 1, 24)
+    greedy = SamplingParams(max_tokens=8, temperature=0)
+    before = llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids
+    out = llm.beam_search(prompt, BeamSearchParams(2, 6, length_penalty=length_penalty))[0]
+    assert len(out.sequences) == 2 and all(s.output_token_ids for s in out.sequences)
+    assert llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids == before
+    stats = llm.stats()
+    assert stats.blocks_free == stats.blocks_total
