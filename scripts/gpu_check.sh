@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Everything a lent GPU should answer, in one command, inside 8 minutes at most (docs/gpu.md):
+# Everything a lent GPU should answer, in one command: about 6 minutes, each step under a limit of its
+# own and 10 minutes in all (docs/gpu.md):
 #   1. the gpu test tier (tests/gpu/test_gpu.py): greedy fp32 equal to transformers, bf16 within
 #      tolerance, CUDA-graph replay equal to eager, prefix caching, preemption, speculation;
 #   2. the Triton kernels' tests on the device (tests/unit/test_kernels.py, test_window_attention.py
 #      and test_fused_ops.py, KERNELS_NATIVE=1), every compiled configuration included;
 #   3. scripts/bench_kernels.py: decode attention against the copy bandwidth;
 #   4. scripts/bench_gpu.py: two runs each of throughput at a 1.7B shape (graphs, eager, transformers) and the
-#      batch-1 decode step against the weights' bytes over the bandwidth.
+#      batch-1 decode step against the weights' bytes over the bandwidth;
+#   5. scripts/profile_gpu.py at batch 1 with graphs: where that step's time goes, host and device.
 # It runs with the machine's own PyTorch and Triton (no network there); the project's other
 # needs travel as wheels in an ignored .whl/ folder (docs/gpu.md says which). Logs and
 # results go under $OUT (./gpu_out when unset). Without a CUDA device it says so and exits 0.
@@ -60,6 +62,7 @@ step "kernels on the device" 150 env KERNELS_NATIVE=1 "$PY" -m pytest -q -p no:c
     --junitxml "$OUT/kernels.xml"
 step "bench_kernels" 60 "$PY" scripts/bench_kernels.py --batches 1,32,256 --contexts 512,4096 --out "$OUT/bench_kernels.md"
 step "bench_gpu" 180 "$PY" scripts/bench_gpu.py --pairs 2 --out "$OUT/bench_gpu.md"
+step "profile_gpu" 90 "$PY" scripts/profile_gpu.py --requests 1 --output-len 128 --modes graphs --out "$OUT"
 
 echo
 if [ ${#failed[@]} -eq 0 ]; then

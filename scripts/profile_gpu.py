@@ -4,6 +4,7 @@ Python) and the device (torch.profiler's kernel times), with CUDA graphs and eag
 realistic shape with random weights. bench_gpu.py says how fast; this says why.
 
     python scripts/profile_gpu.py [--shape qwen3-1.7b] [--requests 64] [--out DIR]
+    python scripts/profile_gpu.py --requests 1 --output-len 128 --modes graphs   # the batch-1 step
 """
 
 from __future__ import annotations
@@ -65,7 +66,11 @@ def main() -> int:
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--modes", default="graphs,eager", help="which of graphs and eager to profile, in order")
     args = ap.parse_args()
+    modes = args.modes.split(",")
+    if not modes or set(modes) - {"graphs", "eager"}:
+        ap.error("--modes takes graphs, eager or both")
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 0
@@ -74,8 +79,8 @@ def main() -> int:
     gen = torch.Generator().manual_seed(0)
     vocab = model_shapes.SHAPES[args.shape]["vocab_size"]
     prompts = torch.randint(3, vocab, (args.requests, args.input_len), generator=gen).tolist()
-    for eager in (False, True):
-        print("\n".join(profile(path, prompts, args.output_len, eager, args.out)), flush=True)
+    for mode in modes:
+        print("\n".join(profile(path, prompts, args.output_len, mode == "eager", args.out)), flush=True)
     return 0
 
 
