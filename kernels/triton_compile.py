@@ -4,9 +4,9 @@ Triton's interpreter runs programs that a GPU build rejects or runs badly (a til
 spills registers, shared memory past what the part has), so the CPU tests alone say
 nothing about sm_80 or sm_90. Here each kernel is compiled, with Triton's own compiler
 and the ptxas it ships, exactly as the engine would launch it: the launch wrappers in
-triton_attention run on meta tensors with the kernels swapped for recorders, and each
-recorded launch goes through Triton's own argument binder (types, the constant 1,
-16-byte alignment) before `triton.compile` for the target. The cubin's resource usage
+triton_attention and triton_fused run on meta tensors with the kernels swapped for
+recorders, and each recorded launch goes through Triton's own argument binder (types,
+the constant 1, 16-byte alignment) before `triton.compile` for the target. The cubin's resource usage
 (cuobjdump) gives registers, stack (where spills go) and local memory; Triton's metadata
 gives the shared memory the launch asks for.
 
