@@ -11,6 +11,7 @@ from tests.support.kernel_checks import BF16, DEVICE, F16, F32, NATIVE  # first:
 
 import torch  # noqa: E402
 
+from engine.models.layers import rotary  # noqa: E402
 from kernels import cpu, triton_fused  # noqa: E402
 
 # On a CUDA device only the Triton form runs; the CPU forms are the CI's.
@@ -79,12 +80,8 @@ def test_rope_qk_norms_each_head_first(impl, dtype):
     norm = torch.rand(heads + kv_heads, d, generator=gen) + 0.5
     qk = qkv[:, :(heads + kv_heads) * d].view(n, heads + kv_heads, d).float()
     normed = (qk * torch.rsqrt(qk.pow(2).mean(-1, keepdim=True) + 1e-6) * norm).to(dtype)
-    turned = normed.float().clone()  # rotate-half on the first rot dims, in fp32, rounded once
-    a, b = normed[..., :rot // 2].float(), normed[..., rot // 2:rot].float()
-    c, s = cos.float()[:, None], sin.float()[:, None]
-    turned[..., :rot // 2] = a * c[..., :rot // 2] - b * s[..., :rot // 2]
-    turned[..., rot // 2:rot] = b * c[..., rot // 2:] + a * s[..., rot // 2:]
-    turned = turned.to(dtype)
+    # the module path's rotate-half, in fp32 and rounded once, as the fused forms compute it
+    turned = rotary.rotate(normed.float(), cos.float()[:, None], sin.float()[:, None]).to(dtype)
     got_q, got_k = (t.cpu() for t in ops.rope_qk(*on(impl, qkv, cos, sin), heads, kv_heads, d,
                                                    *on(impl, norm), 1e-6))
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == F32 else dict(atol=0.05, rtol=0.02)
