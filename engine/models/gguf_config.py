@@ -20,6 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from engine.errors import ParamError
+from engine.models.layers import rotary
+
 # Gemma 2 27B (46 layers) and Gemma 3 27B (62) scale queries by hidden / heads rather than
 # by head_dim; llama.cpp tells them apart by their layer count the same way.
 _GEMMA_HIDDEN_SCALED = {("gemma2", 46), ("gemma3", 62)}
@@ -100,7 +103,7 @@ def _fields(path: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
     fields = {k: f.contents() for k, f in reader.fields.items()
               if not k.startswith("tokenizer.") or k == "tokenizer.ggml.padding_token_id"}
     fields.update(getattr(reader, "hidden_fields", {}))
-    tensors = {t.name: t for t in reader.tensors if t.name.startswith("rope_factors")}
+    tensors = {t.name: t for t in reader.tensors if t.name.startswith(("rope_factors", "rope_freqs"))}
     return str(fields.get("general.architecture", "")), fields, tensors
 
 
@@ -153,8 +156,8 @@ def restore(config: Any, path: Path) -> Any:
     if arch == "gemma2":
         config.attn_logit_softcapping = get("attn_logit_softcapping", config.attn_logit_softcapping)
         config.final_logit_softcapping = get("final_logit_softcapping", config.final_logit_softcapping)
-    if arch == "gemma3" and get("rope.scaling.type") == "linear":
-        config.rope_parameters["full_attention"].update(rope_type="linear", factor=float(get("rope.scaling.factor")))
+    if arch not in ("phi3", "gpt-oss"):  # each with its own below
+        _rope_scaling(config, arch, get, tensors)
     if arch == "phi3":
         _phi3(config, get, tensors)
     if arch == "gpt-oss":
@@ -171,12 +174,78 @@ def restore(config: Any, path: Path) -> Any:
     return config
 
 
+def _rope_scaling(config: Any, arch: str, get, tensors: dict[str, Any]) -> None:
+    """The rope scaling llama.cpp's converter writes for every architecture: linear and YaRN
+    as `rope.scaling.*` keys, Llama 3's as a tensor of per-frequency divisors
+    (`rope_freqs.weight`). transformers' reader drops all three, and a Llama 3.1 or 3.2
+    file, a Qwen file extended with YaRN, would then turn every position as the unscaled
+    model does. A scaling this cannot express is refused, never served unscaled."""
+    kind = get("rope.scaling.type")
+    kind = None if kind in (None, "none") else str(kind)
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    # Gemma 3 scales its global layers only; its local ones keep their own base.
+    params = rope["full_attention"] if "full_attention" in rope else rope
+    if "rope_freqs.weight" in tensors:
+        if kind is not None:
+            raise ParamError("model", f"the GGUF file has both rope scaling {kind!r} and rope_freqs.weight")
+        factors = np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float64)
+        params.update(_llama3(factors, float(params.get("rope_theta", 10000.0)), rotary.head_dim(config)))
+    elif kind == "linear":
+        params.update(rope_type="linear", factor=float(get("rope.scaling.factor")))
+    elif kind == "yarn":
+        params.update(rope_type="yarn", factor=float(get("rope.scaling.factor")),
+                      original_max_position_embeddings=int(get("rope.scaling.original_context_length")))
+        # Written only where the checkpoint set them; transformers' defaults otherwise.
+        for key, name in (("yarn_attn_factor", "attention_factor"), ("yarn_beta_fast", "beta_fast"),
+                          ("yarn_beta_slow", "beta_slow")):
+            if get(f"rope.scaling.{key}") is not None:
+                params[name] = float(get(f"rope.scaling.{key}"))
+    elif kind is not None:
+        raise ParamError("model", f"{arch} GGUF: rope scaling {kind!r} is not supported here "
+                                  "(linear, yarn, or Llama 3's rope_freqs.weight)")
+    config.rope_parameters = rope
+
+
+def _llama3(factors: np.ndarray, theta: float, dim: int) -> dict[str, Any]:
+    """Llama 3's rope parameters from the divisors llama.cpp stores per frequency: 1 above
+    the high-frequency cut, `factor` below the low one, 1 / ((1 - s) / factor + s) between,
+    where s = (original / wavelength - low) / (high - low). s is linear in 1 / wavelength,
+    so the smoothed divisors give original / (high - low) and low / (high - low); only
+    those ratios enter the frequencies, so low is taken as 1. The parameters found must
+    give back every divisor, or the file is refused."""
+    wavelength = 2 * np.pi * theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if factors.shape != wavelength.shape:
+        raise ParamError("model", f"rope_freqs.weight has {factors.size} factors; head_dim {dim} has "
+                                  f"{wavelength.size} frequencies")
+    factor = float(factors.max())
+    if factor < 1:
+        raise ParamError("model", f"rope_freqs.weight divides frequencies by {factor} at most: Llama 3's "
+                                  "rope scaling only lowers them")
+    candidates = [(8192.0, 1.0, 4.0)]  # Llama 3.1's and 3.2's own
+    between = (factors > 1 + 1e-6) & (factors < factor * (1 - 1e-6))
+    if between.sum() >= 2:
+        s = (1 / factors[between] - 1 / factor) / (1 - 1 / factor)
+        slope, intercept = np.polyfit(1 / wavelength[between], s, 1)
+        if intercept < 0:  # the fit, then the same rounded as a config writes them
+            original, high = float(-slope / intercept), float(1 - 1 / intercept)
+            candidates[:0] = [(float(round(original)), 1.0, round(high, 4)), (original, 1.0, high)]
+    for original, low, high in candidates:
+        s = np.clip((original / wavelength - low) / (high - low), 0.0, 1.0)
+        want = np.where(wavelength < original / high, 1.0,
+                        np.where(wavelength > original / low, factor, 1 / ((1 - s) / factor + s)))
+        if np.allclose(want, factors, rtol=1e-5, atol=0):
+            return dict(rope_type="llama3", factor=factor, low_freq_factor=low, high_freq_factor=high,
+                        original_max_position_embeddings=int(original) if original.is_integer() else original)
+    raise ParamError("model", "rope_freqs.weight is not Llama 3's rope scaling: no factor, original context and "
+                              "frequency cuts give back its divisors")
+
+
 def _phi3(config: Any, get, tensors: dict[str, Any]) -> None:
     head_dim = config.hidden_size // config.num_attention_heads
-    rotary = get("rope.dimension_count")
+    turned = get("rope.dimension_count")
     params = dict(config.rope_parameters or {})
-    if rotary and int(rotary) != head_dim:
-        params["partial_rotary_factor"] = int(rotary) / head_dim
+    if turned and int(turned) != head_dim:
+        params["partial_rotary_factor"] = int(turned) / head_dim
     if not get("attention.sliding_window"):
         config.sliding_window = None  # the converter writes 0 for none
     if "rope_factors_long.weight" in tensors:

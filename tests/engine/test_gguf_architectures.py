@@ -23,8 +23,12 @@ from tests.support.oracle import engine_greedy, hf_greedy
 # Gemma 3's fixed pattern (five local layers, then a global one) with the local layers on
 # llama.cpp's fixed base.
 GGUF_OVERRIDES = {
+    # Llama 3's rope scaling, which llama.cpp files as a tensor of divisors (rope_freqs.weight),
+    # with two of the tiny model's eight frequencies between its cuts.
+    "llama": dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
     "qwen2": dict(use_sliding_window=False, sliding_window=None),
-    "qwen3": dict(use_sliding_window=False, sliding_window=None, rope_scaling=None),
+    "qwen3": dict(use_sliding_window=False, sliding_window=None),  # with its YaRN
     "gemma2": dict(query_pre_attn_scalar=16),
     "gemma3_text": dict(query_pre_attn_scalar=16, rope_local_base_freq=10000.0, layer_types=None,
                         num_hidden_layers=6),

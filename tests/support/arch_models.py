@@ -53,7 +53,7 @@ ARCHS: dict[str, dict] = {
 def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = {**BASE, **ARCHS[model_type], **overrides}
+    cfg = {**BASE, **ARCHS.get(model_type, {}), **overrides}  # llama: BASE is one
     config = AutoConfig.for_model(model_type, **cfg)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()

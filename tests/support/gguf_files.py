@@ -7,12 +7,13 @@ the embedded model's tokenizer. F32 tensors keep the checkpoint's values exactly
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import torch
 
-GGUF_ARCH = {"qwen2": "QWEN2", "qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3",
+GGUF_ARCH = {"llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3",
              "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gpt_oss": "GPT_OSS", "mixtral": "LLAMA"}
 
 
@@ -79,10 +80,11 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     if config.model_type == "gemma2":
         writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
         writer.add_final_logit_softcapping(config.final_logit_softcapping)
-    if config.model_type == "gemma3_text" and rope.get("rope_type") == "linear":
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(rope["factor"])
     tensors = load_file(hf_dir / "model.safetensors")
+    if config.model_type != "phi3":  # Phi-3's LongRoPE below
+        tensors.update(_rope_scaling(writer, rope, head_dim))
+    if config.model_type == "llama":
+        tensors = _llama_permuted(tensors, config)
     if config.model_type in EXPERT_KEYS:  # the expert count and size under each config's own keys
         count, size = (getattr(config, key) for key in EXPERT_KEYS[config.model_type])
         writer.add_expert_count(count)
@@ -94,12 +96,6 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         tensors = _merge_experts(tensors, config.num_hidden_layers, config.num_experts)
     if config.model_type == "gpt_oss":
         writer.add_sliding_window(config.sliding_window)
-        if rope.get("rope_type") == "yarn":
-            writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-            writer.add_rope_scaling_factor(rope["factor"])
-            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-            writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
-            writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
         tensors = _gpt_oss_experts(tensors, config.num_hidden_layers)
     if config.model_type == "mixtral":
         tensors = _merge_experts(_llama_permuted(tensors, config), config.num_hidden_layers, config.num_local_experts,
@@ -117,7 +113,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_chat_template(chat_template)
     names = gguf.get_tensor_name_map(arch, layers)
     for hf_name, tensor in tensors.items():
-        if hf_name.startswith(("rope_factors", "blk.")):  # named already (merged experts)
+        if hf_name.startswith(("rope_factors", "rope_freqs", "blk.")):  # named already (merged experts)
             gguf_name = hf_name
         else:
             gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
@@ -143,6 +139,48 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def _rope_scaling(writer, rope: dict, head_dim: int) -> dict[str, torch.Tensor]:
+    """The rope scaling keys llama.cpp's converter writes for any architecture (linear;
+    YaRN with whichever of its settings the checkpoint gives), and for Llama 3's scaling the
+    tensor it writes instead: each frequency's divisor, from the checkpoint's parameters."""
+    import gguf
+
+    kind = rope.get("rope_type", "default")
+    if kind == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    elif kind == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        if rope.get("attention_factor") is not None:
+            writer.add_rope_scaling_yarn_attn_factor(rope["attention_factor"])
+        if rope.get("beta_fast") is not None:
+            writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        if rope.get("beta_slow") is not None:
+            writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+    elif kind == "llama3":
+        return {"rope_freqs.weight": llama3_divisors(rope, head_dim)}
+    return {}
+
+
+def llama3_divisors(rope: dict, head_dim: int) -> torch.Tensor:
+    """Llama 3's rope scaling as one divisor per frequency, as llama.cpp's converter computes it."""
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    original = rope["original_max_position_embeddings"]
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelength = 2 * math.pi * rope["rope_theta"] ** (i / head_dim)
+        if wavelength < original / high:
+            out.append(1.0)
+        elif wavelength > original / low:
+            out.append(factor)
+        else:
+            s = (original / wavelength - low) / (high - low)
+            out.append(1 / ((1 - s) / factor + s))
+    return torch.tensor(out, dtype=torch.float32)
 
 
 def _merge_experts(tensors: dict[str, torch.Tensor], layers: int, experts: int, block: str = "mlp",
