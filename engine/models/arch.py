@@ -71,6 +71,7 @@ class ArchSpec:
     tp_ok: bool = True  # whether tensor parallelism can split its layers (checked by engine.config)
     moe: MoESpec | None = None
     sinks: bool = False  # a learned logit per head in every attention softmax (gpt-oss)
+    nope: frozenset[int] = frozenset()  # layers without rotary (SmolLM3's every fourth, EXAONE 4's global ones)
 
     def fusable(self) -> bool:
         """Whether the native fused layer (DecoderLayer.forward_fused) runs this layer shape:

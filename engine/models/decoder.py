@@ -242,8 +242,8 @@ class DecoderForCausalLM(nn.Module):
             if not self.tie:
                 self.lm_head = nn.Linear(config.hidden_size, self.vocab_shard, bias=False)
         # cos/sin for every position, computed in fp32 exactly as transformers does; one
-        # table per rope kind (Gemma 3's local layers turn on another base).
-        kinds = rotary.kinds(config)[slice(*self.layer_range)]
+        # table per rope kind (Gemma 3's local layers turn on another base; NoPE layers by zero).
+        kinds = rotary.kinds(config, spec.nope)[slice(*self.layer_range)]
         self.rope_kinds = sorted(set(kinds))
         self.layer_rope = [self.rope_kinds.index(k) for k in kinds]
         for i, kind in enumerate(self.rope_kinds):

@@ -6,28 +6,38 @@ from __future__ import annotations
 from engine.errors import ParamError
 from engine.models.decoder import DecoderForCausalLM
 from engine.models.gemma2 import Gemma2ForCausalLM
+from engine.models.exaone4 import Exaone4ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.ministral import MinistralForCausalLM
 from engine.models.mistral import MistralForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
+from engine.models.olmo3 import Olmo3ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen2_moe import Qwen2MoeForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.qwen3_moe import Qwen3MoeForCausalLM
+from engine.models.seed_oss import SeedOssForCausalLM
+from engine.models.smollm3 import SmolLM3ForCausalLM
 
 ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "llama": LlamaForCausalLM,
     "mistral": MistralForCausalLM,
+    "ministral": MinistralForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
     "gemma2": Gemma2ForCausalLM,
     "gemma3_text": Gemma3ForCausalLM,
     "phi3": Phi3ForCausalLM,
     "olmo2": Olmo2ForCausalLM,
+    "olmo3": Olmo3ForCausalLM,
+    "smollm3": SmolLM3ForCausalLM,
+    "exaone4": Exaone4ForCausalLM,
+    "seed_oss": SeedOssForCausalLM,
     "granite": GraniteForCausalLM,
     "mixtral": MixtralForCausalLM,
     "qwen2_moe": Qwen2MoeForCausalLM,

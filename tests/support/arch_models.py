@@ -31,6 +31,22 @@ ARCHS: dict[str, dict] = {
                  rope_scaling={"type": "longrope", "short_factor": [1.0 + i / 8 for i in range(4)],
                                "long_factor": [2.0 + i for i in range(4)]}, tie_word_embeddings=False),
     "olmo2": dict(tie_word_embeddings=False),
+    # OLMo 2's layer with a window on the local layers, and YaRN on the global ones only.
+    "olmo3": dict(tie_word_embeddings=False, sliding_window=WINDOW,
+                  layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                  rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                   "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 500000.0,
+                                                      "original_max_position_embeddings": 64}}),
+    "ministral": dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                      head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                      tie_word_embeddings=False),
+    "seed_oss": dict(attention_bias=True, attention_out_bias=True, head_dim=32, tie_word_embeddings=False),
+    # A NoPE layer (no_rope_layers 0), windowed as use_sliding_window makes it.
+    "smollm3": dict(no_rope_layers=[1, 0, 1], use_sliding_window=True, sliding_window=WINDOW,
+                    tie_word_embeddings=True),
+    # Local layers windowed and rotated, the global one neither (NoPE); q/k norms, post norms.
+    "exaone4": dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    tie_word_embeddings=False),
     "granite": dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.05,
                     logits_scaling=8.0, attention_bias=True),
     # Mixtures of experts: 4 experts, top 2; a dense layer among Qwen3-MoE's; Qwen2-MoE's shared expert.
@@ -67,8 +83,8 @@ def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **ove
                 p.mul_(8.0)
             if ".experts." in name and not name.endswith("bias"):  # experts that move the output: a
                 p.mul_(6.0)  # routing or weighting slip shows
-            if model_type == "gpt_oss" and ".self_attn." in name and name.endswith("weight"):
-                p.mul_(8.0)  # attention that moves the output past its biased experts: its sinks show
+            if model_type in ("gpt_oss", "smollm3") and ".self_attn." in name and name.endswith("weight"):
+                p.mul_(8.0)  # attention sharp enough that its sinks (gpt-oss) or a NoPE layer (SmolLM3) show
     model.save_pretrained(path)
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():

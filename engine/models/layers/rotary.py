@@ -13,6 +13,9 @@ import torch
 from engine.errors import ParamError
 
 SUPPORTED = ("default", "linear", "llama3", "yarn", "longrope")
+# The kind of a layer that turns nothing (ArchSpec.nope): its tables rotate by zero, which
+# leaves q and k exactly as they are, on every path, fused or not.
+NOPE = "nope"
 
 
 def head_dim(config) -> int:
@@ -28,14 +31,17 @@ def parameters(config, kind: str) -> dict:
     return params
 
 
-def kinds(config) -> tuple[str, ...]:
-    """Each layer's key into the rope parameters: Gemma 3 keeps one set per layer type
-    (local layers on a lower base), every other config one set for all."""
+def kinds(config, nope: frozenset[int] = frozenset()) -> tuple[str, ...]:
+    """Each layer's key into the rope parameters: Gemma 3 and OLMo 3 keep one set per layer
+    type (local layers on another base or unscaled), every other config one set for all;
+    NOPE for the layers in `nope`."""
     params = getattr(config, "rope_parameters", None) or {}
     types = getattr(config, "layer_types", None)
     if types and all(t in params for t in set(types)):
-        return tuple(types)
-    return ("",) * config.num_hidden_layers
+        keys = tuple(types)
+    else:
+        keys = ("",) * config.num_hidden_layers
+    return tuple(NOPE if i in nope else key for i, key in enumerate(keys))
 
 
 def _inv_freq(config, kind: str, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
@@ -61,6 +67,9 @@ def tables(config, kind: str, max_positions: int) -> tuple[torch.Tensor, torch.T
     factors once the sequence outgrows the original context, which a cache of already
     rotated keys cannot do; positions within the original context, where the reference
     is checked, are identical."""
+    if kind == NOPE:
+        dims = head_dim(config)
+        return torch.ones(max_positions, dims), torch.zeros(max_positions, dims)
     inv_freq, scaling = _inv_freq(config, kind)
     positions = torch.arange(max_positions, dtype=torch.float32)
     freqs = positions[:, None] * inv_freq[None, :]
