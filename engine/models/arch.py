@@ -72,6 +72,9 @@ class ArchSpec:
     moe: MoESpec | None = None
     sinks: bool = False  # a learned logit per head in every attention softmax (gpt-oss)
     nope: frozenset[int] = frozenset()  # layers without rotary (SmolLM3's every fourth, EXAONE 4's global ones)
+    # Rotary pairs adjacent dims (2i, 2i + 1) instead of (i, i + rot / 2) (GLM, ERNIE 4.5): the
+    # loader reorders each q and k head's rows so that every path runs rotate-half.
+    rope_interleaved: bool = False
 
     def fusable(self) -> bool:
         """Whether the native fused layer (DecoderLayer.forward_fused) runs this layer shape:

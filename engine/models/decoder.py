@@ -250,6 +250,9 @@ class DecoderForCausalLM(nn.Module):
             cos, sin = rotary.tables(config, kind, max_positions)
             self.register_buffer(f"cos_cache{i}", cos, persistent=False)
             self.register_buffer(f"sin_cache{i}", sin, persistent=False)
+        # the rotary's width (a partial rotary turns the first dims of a head only)
+        self.rotary_dims = next((getattr(self, f"cos_cache{i}").shape[-1] for i, kind in enumerate(self.rope_kinds)
+                                 if kind != rotary.NOPE), head_dim(config))
         self.fused = False
         # A sequence-classification checkpoint has no LM head: it is left unloaded and the
         # engine never samples from it (engine/scoring.py scores its hidden states).

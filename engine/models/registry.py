@@ -6,8 +6,10 @@ from __future__ import annotations
 from engine.errors import ParamError
 from engine.models.decoder import DecoderForCausalLM
 from engine.models.gemma2 import Gemma2ForCausalLM
+from engine.models.ernie4_5 import Ernie4_5ForCausalLM
 from engine.models.exaone4 import Exaone4ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.glm import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.llama import LlamaForCausalLM
@@ -38,6 +40,9 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "smollm3": SmolLM3ForCausalLM,
     "exaone4": Exaone4ForCausalLM,
     "seed_oss": SeedOssForCausalLM,
+    "ernie4_5": Ernie4_5ForCausalLM,
+    "glm": GlmForCausalLM,
+    "glm4": Glm4ForCausalLM,
     "granite": GraniteForCausalLM,
     "mixtral": MixtralForCausalLM,
     "qwen2_moe": Qwen2MoeForCausalLM,

@@ -62,7 +62,7 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]],
             for shard, (base, piece) in enumerate(_prefused_pieces(model, module)):
                 start, size = _fused_range(owner, module, shard)
                 lo, hi = _rows_range(model, owner, piece)
-                _copy(param[start:start + size], src[base + lo:base + hi], name)
+                _copy(param[start:start + size], _rotary_order(model, piece, src[base + lo:base + hi]), name)
                 loaded.add(f"{name}#{shard}")
             continue
         if module in FUSED:
@@ -71,7 +71,7 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]],
             param = params[name]
             start, size = _fused_range(owner, target, shard)
             lo, hi = _rows_range(model, owner, module)
-            _copy(param[start:start + size], src[lo:hi], name)
+            _copy(param[start:start + size], _rotary_order(model, module, src[lo:hi]), name)
             loaded.add(f"{name}#{shard}")
             continue
         if name not in params:
@@ -122,6 +122,19 @@ def _rows_range(model: DecoderForCausalLM, owner, module: str) -> tuple[int, int
     """Column-parallel: this rank's output rows of a projection (and its bias entries);
     an MLP's by its own intermediate size (a MoE model's dense and shared-expert MLPs differ)."""
     return _head_rows(model, module) if module in ("q_proj", "k_proj", "v_proj") else owner.inter_range
+
+
+def _rotary_order(model: DecoderForCausalLM, piece: str, rows: torch.Tensor) -> torch.Tensor:
+    """q or k rows (weight or bias, whole heads) of an architecture whose rotary pairs
+    adjacent dims (GLM, ERNIE 4.5), each head's rotary dims reordered to rotate-half's
+    pairs (i, i + rot / 2). q and k move alike, so the scores are the same sums, and the
+    rotation the same products; every path (fused, Triton, reference) then turns them
+    as it turns Llama's."""
+    if piece not in ("q_proj", "k_proj") or not model.arch.rope_interleaved:
+        return rows
+    d, rot = model.layers[0].self_attn.head_dim, model.rotary_dims
+    order = torch.cat([torch.arange(0, rot, 2), torch.arange(1, rot, 2), torch.arange(rot, d)])
+    return rows.reshape(-1, d, *rows.shape[1:])[:, order].reshape(rows.shape)
 
 
 def _prefused_pieces(model: DecoderForCausalLM, module: str) -> list[tuple[int, str]]:

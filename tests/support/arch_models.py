@@ -41,6 +41,10 @@ ARCHS: dict[str, dict] = {
                       head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                       tie_word_embeddings=False),
     "seed_oss": dict(attention_bias=True, attention_out_bias=True, head_dim=32, tie_word_embeddings=False),
+    # Rotary on adjacent pairs of dims (GLM's partial, on half of each head); GLM-4-0414's four norms.
+    "ernie4_5": dict(use_bias=True, tie_word_embeddings=True),
+    "glm": dict(attention_bias=True, head_dim=16, partial_rotary_factor=0.5, tie_word_embeddings=False),
+    "glm4": dict(attention_bias=True, head_dim=16, partial_rotary_factor=0.5, tie_word_embeddings=False),
     # A NoPE layer (no_rope_layers 0), windowed as use_sliding_window makes it.
     "smollm3": dict(no_rope_layers=[1, 0, 1], use_sliding_window=True, sliding_window=WINDOW,
                     tie_word_embeddings=True),
@@ -65,6 +69,11 @@ ARCHS: dict[str, dict] = {
                                      "rope_theta": 150000.0}),
 }
 
+# Attention projections scaled up, so that the scores are far from uniform: gpt-oss's sinks,
+# SmolLM3's NoPE layer and the adjacent-pair rotary of GLM and ERNIE change the tokens if
+# the engine gets them wrong (at the initial scale every position weighs about the same).
+SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4")
+
 
 def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -83,8 +92,8 @@ def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **ove
                 p.mul_(8.0)
             if ".experts." in name and not name.endswith("bias"):  # experts that move the output: a
                 p.mul_(6.0)  # routing or weighting slip shows
-            if model_type in ("gpt_oss", "smollm3") and ".self_attn." in name and name.endswith("weight"):
-                p.mul_(8.0)  # attention sharp enough that its sinks (gpt-oss) or a NoPE layer (SmolLM3) show
+            if model_type in SHARP and ".self_attn." in name and name.endswith("weight"):
+                p.mul_(8.0)  # attention sharp enough that what sets its positions apart shows
     model.save_pretrained(path)
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
