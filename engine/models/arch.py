@@ -25,6 +25,7 @@ class MoESpec:
     # with g = min(gate, limit) and up clipped to [-limit, limit] (0: the plain act(gate) * up).
     router_bias: bool = False
     softmax_topk: bool = False
+    router_fp32: bool = False  # the router's logits in fp32 before the top-k (Granite MoE)
     expert_bias: bool = False
     swiglu_limit: float = 0.0
     swiglu_alpha: float = 1.0

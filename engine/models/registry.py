@@ -12,6 +12,7 @@ from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
+from engine.models.granitemoe import GraniteMoeForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.ministral import MinistralForCausalLM
 from engine.models.mistral import MistralForCausalLM
@@ -48,6 +49,7 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "qwen2_moe": Qwen2MoeForCausalLM,
     "qwen3_moe": Qwen3MoeForCausalLM,
     "gpt_oss": GptOssForCausalLM,
+    "granitemoe": GraniteMoeForCausalLM,
 }
 # Multimodal configs whose language model we serve: their text config is the model's.
 TEXT_OF = {"gemma3": "gemma3_text"}

@@ -59,6 +59,10 @@ ARCHS: dict[str, dict] = {
                       decoder_sparse_step=1, mlp_only_layers=[1], tie_word_embeddings=True),
     "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=False,
                       shared_expert_intermediate_size=96, tie_word_embeddings=False),
+    # Granite's multipliers over experts routed by their top-k logits, softmaxed among themselves.
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
+                       residual_multiplier=0.22, attention_multiplier=0.05, logits_scaling=8.0,
+                       tie_word_embeddings=False),
     # Sliding and full layers alternating, attention sinks, biased router and experts, a SwiGLU
     # clamp the scaled experts reach, YaRN.
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=WINDOW,
@@ -88,7 +92,7 @@ def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **ove
                 p.add_(torch.randn_like(p) * 0.3)
             if name.endswith("sinks"):  # sinks away from zero, some above the scores, some below
                 p.copy_(torch.randn_like(p) * 3.0 + 3.0)
-            if name.endswith(("mlp.gate.weight", "mlp.router.weight")):  # a decisive router: top-k is no near tie
+            if name.endswith(("mlp.gate.weight", "mlp.router.weight", "moe.router.weight")):  # a decisive router: no near tie
                 p.mul_(8.0)
             if ".experts." in name and not name.endswith("bias"):  # experts that move the output: a
                 p.mul_(6.0)  # routing or weighting slip shows

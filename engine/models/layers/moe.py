@@ -100,9 +100,10 @@ class SparseMoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's top-k experts [n, k] and their weights [n, k]."""
-        if self.spec.softmax_topk:  # gpt-oss: the k best logits, softmaxed among themselves
-            top, experts = torch.topk(self.gate(x), self.spec.top_k, dim=-1)
-            return experts, F.softmax(top, dim=1, dtype=top.dtype)
+        if self.spec.softmax_topk:  # gpt-oss, Granite MoE: the k best logits, softmaxed among themselves
+            logits = self.gate(x)
+            top, experts = torch.topk(logits.float() if self.spec.router_fp32 else logits, self.spec.top_k, dim=-1)
+            return experts, F.softmax(top, dim=1, dtype=top.dtype).to(x.dtype)
         probs = F.softmax(self.gate(x).float(), dim=-1)
         weights, experts = torch.topk(probs, self.spec.top_k, dim=-1)
         if self.spec.norm_topk:
