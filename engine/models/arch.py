@@ -56,8 +56,10 @@ class ArchSpec:
     # q/k RMSNorm before rotary: per head (Qwen3, Gemma 3) or over all heads (OLMo 2).
     qk_norm: Literal["", "head", "all"] = ""
     # Where the norms sit: "pre" (Llama: before attention and MLP), "sandwich" (Gemma: also
-    # after each), "post" (OLMo 2: after each, none before).
-    norms: Literal["pre", "sandwich", "post"] = "pre"
+    # after each), "post" (OLMo 2: after each, none before), "parallel" (Cohere: one norm,
+    # whose output both attention and MLP read, their outputs added to the residual together).
+    norms: Literal["pre", "sandwich", "post", "parallel"] = "pre"
+    norm_kind: Literal["rms", "layer"] = "rms"  # Cohere's bias-free LayerNorm
     norm_offset: float = 0.0  # Gemma multiplies by (1 + weight)
     late_cast: bool = False  # the norm's weight multiplies in fp32, rounding after (Gemma, OLMo 2)
     act: Literal["silu", "gelu_tanh"] = "silu"
@@ -68,6 +70,7 @@ class ArchSpec:
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
     logit_divisor: float = 1.0  # Granite's logits_scaling
+    logit_scale: float = 1.0  # Cohere's logit_scale, multiplying
     windows: tuple[int, ...] = ()  # per layer; 0 is full attention
     tp_ok: bool = True  # whether tensor parallelism can split its layers (checked by engine.config)
     moe: MoESpec | None = None
@@ -81,8 +84,9 @@ class ArchSpec:
         """Whether the native fused layer (DecoderLayer.forward_fused) runs this layer shape:
         norms before attention and MLP (Llama's, its MLP dense or experts; gpt-oss's, with
         sinks), or Gemma's sandwich norms; a late_cast norm's fp32 weight applies before the
-        rounding there too. OLMo 2's norms after each, over all heads, stay eager."""
-        return self.qk_norm != "all" and self.norms in ("pre", "sandwich")
+        rounding there too. OLMo 2's norms after each, over all heads, and Cohere's parallel
+        block on LayerNorms stay eager."""
+        return self.qk_norm != "all" and self.norms in ("pre", "sandwich") and self.norm_kind == "rms"
 
 
 def layer_windows(config, all_layers: bool = False) -> tuple[int, ...]:

@@ -25,7 +25,7 @@ from engine.models.layers import rotary
 from engine.models.layers.attention import Attention, AttnMetadata
 from engine.models.layers.mlp import MLP
 from engine.models.layers.moe import SparseMoE
-from engine.models.layers.norm import RMSNorm
+from engine.models.layers.norm import hidden_norm
 
 __all__ = ["AttnMetadata", "DecoderForCausalLM", "head_dim", "kv_block_bytes", "num_kv_heads"]
 
@@ -90,14 +90,14 @@ class DecoderLayer(nn.Module):
             self.mlp: MLP | SparseMoE = SparseMoE(config.hidden_size, spec.moe, spec.act, tp)
         else:
             self.mlp = MLP(config.hidden_size, config.intermediate_size, spec.act, spec.mlp_bias, tp)
-        norm = lambda: RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset, spec.late_cast)  # noqa: E731
         if spec.norms != "post":
-            self.input_layernorm = norm()
-        self.post_attention_layernorm = norm()
+            self.input_layernorm = hidden_norm(config, spec)
+        if spec.norms != "parallel":
+            self.post_attention_layernorm = hidden_norm(config, spec)
         if spec.norms == "sandwich":
-            self.pre_feedforward_layernorm = norm()
-        if spec.norms != "pre":
-            self.post_feedforward_layernorm = norm()
+            self.pre_feedforward_layernorm = hidden_norm(config, spec)
+        if spec.norms in ("sandwich", "post"):
+            self.post_feedforward_layernorm = hidden_norm(config, spec)
 
     def forward(self, h, cos, sin, kv_cache, meta) -> torch.Tensor:
         norms = self.spec.norms
@@ -107,6 +107,9 @@ class DecoderLayer(nn.Module):
             h = h + (a * rs if rs != 1.0 else a)
             m = self.mlp(self.post_attention_layernorm(h))
             return h + (m * rs if rs != 1.0 else m)
+        if norms == "parallel":
+            x = self.input_layernorm(h)
+            return h + self.self_attn(x, cos, sin, kv_cache, meta) + self.mlp(x)
         if norms == "sandwich":
             h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta))
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
@@ -238,7 +241,7 @@ class DecoderForCausalLM(nn.Module):
         self.layer_range = layout.layers(config.num_hidden_layers)
         self.layers = nn.ModuleList(DecoderLayer(config, spec, i, heads, tp) for i in range(*self.layer_range))
         if self.last:
-            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset, spec.late_cast)
+            self.norm = hidden_norm(config, spec)
             if not self.tie:
                 self.lm_head = nn.Linear(config.hidden_size, self.vocab_shard, bias=False)
         # cos/sin for every position, computed in fp32 exactly as transformers does; one
@@ -356,10 +359,12 @@ class DecoderForCausalLM(nn.Module):
         return (logits, pooled) if pooled is not None and logits is not None else logits
 
     def _finish(self, logits: torch.Tensor) -> torch.Tensor:
-        """Granite's logit scaling and Gemma 2's final soft-cap, per vocabulary shard."""
+        """Granite's and Cohere's logit scaling and Gemma 2's final soft-cap, per vocabulary shard."""
         spec = self.arch
         if spec.logit_divisor != 1.0:
             logits = logits / spec.logit_divisor
+        if spec.logit_scale != 1.0:
+            logits = logits * spec.logit_scale
         if spec.final_softcap:
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits

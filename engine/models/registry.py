@@ -4,6 +4,7 @@ transformers itself dispatches on."""
 from __future__ import annotations
 
 from engine.errors import ParamError
+from engine.models.cohere import Cohere2ForCausalLM, CohereForCausalLM
 from engine.models.decoder import DecoderForCausalLM
 from engine.models.gemma2 import Gemma2ForCausalLM
 from engine.models.ernie4_5 import Ernie4_5ForCausalLM
@@ -44,6 +45,8 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "ernie4_5": Ernie4_5ForCausalLM,
     "glm": GlmForCausalLM,
     "glm4": Glm4ForCausalLM,
+    "cohere": CohereForCausalLM,
+    "cohere2": Cohere2ForCausalLM,
     "granite": GraniteForCausalLM,
     "mixtral": MixtralForCausalLM,
     "qwen2_moe": Qwen2MoeForCausalLM,

@@ -86,6 +86,15 @@ def test_tensor_parallel_windowed_and_biased_architectures_match_transformers(mo
         llm.shutdown()
 
 
+def test_command_r_plus_per_head_layernorm_is_refused_by_name(tmp_path, default_model_dir):
+    """Command R+ norms q and k with a LayerNorm weight per head, which no layer here has:
+    refused naming the key, rather than served without it."""
+    path = arch_models.build("cohere", tmp_path, default_model_dir, use_qk_norm=True)
+    with pytest.raises(ParamError) as e:
+        LLM(str(path), dtype="float32", max_model_len=64)
+    assert e.value.param == "model" and "use_qk_norm" in str(e.value)
+
+
 def test_olmo2_refuses_tensor_parallelism_by_name(arch_dir):
     """Its q/k norm spans every head: no rank holding some heads can compute it alone."""
     with pytest.raises(ParamError) as e:

@@ -45,6 +45,11 @@ ARCHS: dict[str, dict] = {
     "ernie4_5": dict(use_bias=True, tie_word_embeddings=True),
     "glm": dict(attention_bias=True, head_dim=16, partial_rotary_factor=0.5, tie_word_embeddings=False),
     "glm4": dict(attention_bias=True, head_dim=16, partial_rotary_factor=0.5, tie_word_embeddings=False),
+    # One LayerNorm read by attention and MLP side by side, a logit scale; Command R7B's
+    # local layers windowed and turned, its global one neither.
+    "cohere": dict(logit_scale=0.5, layer_norm_eps=1e-5),
+    "cohere2": dict(logit_scale=0.5, layer_norm_eps=1e-5, sliding_window=WINDOW,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
     # A NoPE layer (no_rope_layers 0), windowed as use_sliding_window makes it.
     "smollm3": dict(no_rope_layers=[1, 0, 1], use_sliding_window=True, sliding_window=WINDOW,
                     tie_word_embeddings=True),
@@ -76,7 +81,7 @@ ARCHS: dict[str, dict] = {
 # Attention projections scaled up, so that the scores are far from uniform: gpt-oss's sinks,
 # SmolLM3's NoPE layer and the adjacent-pair rotary of GLM and ERNIE change the tokens if
 # the engine gets them wrong (at the initial scale every position weighs about the same).
-SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4")
+SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2")
 
 
 def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:

@@ -1,4 +1,4 @@
-"""RMSNorm, in the forms checkpoints use."""
+"""RMSNorm, in the forms checkpoints use, and Cohere's bias-free LayerNorm."""
 
 from __future__ import annotations
 
@@ -34,3 +34,26 @@ class RMSNorm(nn.Module):
         if self.late_cast:
             return self.weight.float() + self.offset
         return self.weight + self.offset if self.offset else self.weight
+
+
+class LayerNorm(nn.Module):
+    """Cohere's: x less its mean, over its standard deviation, times the weight; no bias;
+    in fp32, rounded after the weight, as its reference does."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h - h.mean(-1, keepdim=True)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * h).to(x.dtype)
+
+
+def hidden_norm(config, spec) -> RMSNorm | LayerNorm:
+    """A norm over the hidden size, of the kind and form the architecture uses."""
+    if spec.norm_kind == "layer":
+        return LayerNorm(config.hidden_size, config.layer_norm_eps)
+    return RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset, spec.late_cast)
