@@ -141,14 +141,15 @@ def test_gpt_oss_computes_on_its_mxfp4_blocks(tmp_path, default_model_dir):
             LLM(str(damaged), dtype="float32", max_model_len=64, quantization=quantization)
 
 
-@pytest.mark.parametrize("model_type, qtype", [("qwen3", "Q8_0"), ("phi3", "Q8_0"), ("gemma3_text", "Q5_0"),
-                                               ("qwen2_moe", "Q5_1"), ("mixtral", "Q8_0")])
+@pytest.mark.parametrize("model_type, qtype", [("llama", "Q8_0"), ("qwen3", "Q8_0"), ("phi3", "Q8_0"),
+                                               ("gemma3_text", "Q5_0"), ("qwen2_moe", "Q5_1"), ("mixtral", "Q8_0")])
 def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, written):
-    """Qwen3's q and k rows are not interleaved as Llama's are, Phi-3's projections come
-    fused, Gemma 3's MLP is GELU, Qwen2-MoE's experts are merged per layer beside a shared
-    expert, Mixtral's q and k are interleaved as a Llama's: each read from the blocks as the
-    dequantized path reads them. Q5_0 is what Q4_K_M files hold where a row is not a
-    multiple of 256 (Gemma 3 270M, Qwen2.5 0.5B)."""
+    """Llama's q and k rows come interleaved, beside its rope_freqs.weight; Qwen3's are not
+    interleaved, and it carries YaRN keys; Phi-3's projections come fused, Gemma 3's MLP is
+    GELU, Qwen2-MoE's experts are merged per layer beside a shared expert, Mixtral's q and k
+    are interleaved as a Llama's: each read from the blocks as the dequantized path reads
+    them. Q5_0 is what Q4_K_M files hold where a row is not a multiple of 256 (Gemma 3 270M,
+    Qwen2.5 0.5B)."""
     _, gguf = written(model_type, qtype)
     prompts = prompts_for(model_type)
     dense = LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization=None)

@@ -67,9 +67,9 @@ def tables(config, kind: str, max_positions: int) -> tuple[torch.Tensor, torch.T
     factors once the sequence outgrows the original context, which a cache of already
     rotated keys cannot do; positions within the original context, where the reference
     is checked, are identical."""
-    if kind == NOPE:
+    if kind == NOPE:  # one row, seen at every position: no table's worth of memory
         dims = head_dim(config)
-        return torch.ones(max_positions, dims), torch.zeros(max_positions, dims)
+        return torch.ones(1, dims).expand(max_positions, dims), torch.zeros(1, dims).expand(max_positions, dims)
     inv_freq, scaling = _inv_freq(config, kind)
     positions = torch.arange(max_positions, dtype=torch.float32)
     freqs = positions[:, None] * inv_freq[None, :]
