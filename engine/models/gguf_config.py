@@ -73,7 +73,7 @@ def parsed_once() -> Iterator[None]:
         def reader(path: Any, mode: str = "r") -> Any:
             key = (str(Path(path).resolve()), mode)
             if key not in readers:
-                readers[key] = _hide_misread(open_reader(path, mode))
+                readers[key] = _as_llama(_hide_misread(open_reader(path, mode)))
             return readers[key]
 
         gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(real_map)
@@ -96,6 +96,26 @@ def _hide_misread(reader: Any) -> Any:
     return reader
 
 
+# Architectures llama.cpp writes as Llama's tensors (q and k interleaved as Llama's) and
+# Llama's keys under their own name, with a few keys of their own that `restore` reads.
+# transformers' reader knows neither: within parsed_once it is shown them as `llama`.
+AS_LLAMA = ("smollm3", "granite")
+
+
+def _as_llama(reader: Any) -> Any:
+    field = reader.fields.get("general.architecture")
+    arch = field.contents() if field is not None else ""
+    if arch not in AS_LLAMA:
+        return reader
+    reader.true_arch = arch
+    for key in [k for k in reader.fields if k.startswith(arch + ".")]:
+        reader.fields["llama" + key[len(arch):]] = reader.fields[key]
+    parts, at = list(field.parts), field.data[0]
+    parts[at - 1], parts[at] = np.array([5], dtype=np.uint64), np.frombuffer(b"llama", dtype=np.uint8)
+    reader.fields["general.architecture"] = field._replace(parts=parts)
+    return reader
+
+
 def _fields(path: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
     import gguf
 
@@ -104,7 +124,8 @@ def _fields(path: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
               if not k.startswith("tokenizer.") or k == "tokenizer.ggml.padding_token_id"}
     fields.update(getattr(reader, "hidden_fields", {}))
     tensors = {t.name: t for t in reader.tensors if t.name.startswith(("rope_factors", "rope_freqs"))}
-    return str(fields.get("general.architecture", "")), fields, tensors
+    arch = getattr(reader, "true_arch", None) or str(fields.get("general.architecture", ""))
+    return arch, fields, tensors
 
 
 # Tokens that end an assistant turn in the chat formats of the served families. An HF
@@ -164,6 +185,12 @@ def restore(config: Any, path: Path) -> Any:
         _gpt_oss(config, get)
     if arch == "llama" and get("expert_count"):
         return _mixtral(config, get)
+    if arch == "smollm3":  # llama.cpp turns no rotary on every fourth layer, as the config's default does
+        from transformers import SmolLM3Config
+
+        return SmolLM3Config(**_llama_fields(config), architectures=["SmolLM3ForCausalLM"])
+    if arch == "granite":
+        return _granite(config, get)
     if arch in ("qwen2moe", "qwen3moe"):
         # llama.cpp builds every layer as experts, renormalising the top-k for Qwen3-MoE only.
         config.moe_intermediate_size = int(get("expert_feed_forward_length"))
@@ -278,14 +305,36 @@ def _gpt_oss(config: Any, get) -> None:
     config.rope_parameters = params
 
 
+def _llama_fields(config: Any) -> dict[str, Any]:
+    """What a Llama config read from a GGUF carries over to the config of the architecture
+    the file really holds."""
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_parameters",
+            "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
+    return {k: getattr(config, k) for k in keep if hasattr(config, k)}
+
+
+def _granite(config: Any, get) -> Any:
+    """Granite's four multipliers, which llama.cpp writes as `*_scale` keys, and only where
+    they are set: without one, its embeddings, residuals and logits go unscaled and its
+    attention scales by 1 / sqrt(head_dim), as llama.cpp then computes."""
+    from transformers import GraniteConfig
+
+    fields = _llama_fields(config)
+    return GraniteConfig(**fields, architectures=["GraniteForCausalLM"],
+                         embedding_multiplier=float(get("embedding_scale") or 1.0),
+                         residual_multiplier=float(get("residual_scale") or 1.0),
+                         logits_scaling=float(get("logit_scale") or 1.0),
+                         attention_multiplier=float(get("attention.scale") or
+                                                    (fields["hidden_size"] // fields["num_attention_heads"]) ** -0.5))
+
+
 def _mixtral(config: Any, get) -> Any:
     """llama.cpp files Mixtral as `llama` with experts: the Mixtral config it was written from."""
     from transformers import MixtralConfig
 
-    keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-            "max_position_embeddings", "rms_norm_eps", "rope_parameters", "tie_word_embeddings", "bos_token_id",
-            "eos_token_id", "pad_token_id")
-    return MixtralConfig(**{k: getattr(config, k) for k in keep if hasattr(config, k)},
+    fields = {k: v for k, v in _llama_fields(config).items() if k != "intermediate_size"}
+    return MixtralConfig(**fields,
                          intermediate_size=int(get("expert_feed_forward_length", config.intermediate_size)),
                          num_local_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")),
                          sliding_window=None, architectures=["MixtralForCausalLM"])

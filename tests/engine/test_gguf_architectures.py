@@ -1,5 +1,6 @@
-"""GGUF files of every architecture llama.cpp converts (Qwen2, Qwen3, Gemma 2, Gemma 3,
-Phi-3, and Qwen2-MoE and Qwen3-MoE with each layer's experts merged): tiny ones written
+"""GGUF files of every architecture llama.cpp converts that the engine serves (Llama,
+SmolLM3, Granite, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, and Qwen2-MoE and Qwen3-MoE with
+each layer's experts merged, Mixtral, gpt-oss): tiny ones written
 as llama.cpp's converter writes them, loaded by the engine and run greedy in fp32
 against transformers on the checkpoint they were written from; and with `quantization:
 gguf`, computing on the file's blocks (Q8_0, Q5_0, Q5_1, gpt-oss's MXFP4), against the
@@ -27,6 +28,9 @@ GGUF_OVERRIDES = {
     # with two of the tiny model's eight frequencies between its cuts.
     "llama": dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    # llama.cpp's SmolLM3 has no windows, and no rotary on every fourth layer (the config's default).
+    "smollm3": dict(use_sliding_window=False, sliding_window=None, num_hidden_layers=4, no_rope_layers=None),
+    "granite": dict(attention_bias=False),  # llama.cpp's Granite carries no biases
     "qwen2": dict(use_sliding_window=False, sliding_window=None),
     "qwen3": dict(use_sliding_window=False, sliding_window=None),  # with its YaRN
     "gemma2": dict(query_pre_attn_scalar=16),
@@ -141,10 +145,12 @@ def test_gpt_oss_computes_on_its_mxfp4_blocks(tmp_path, default_model_dir):
             LLM(str(damaged), dtype="float32", max_model_len=64, quantization=quantization)
 
 
-@pytest.mark.parametrize("model_type, qtype", [("llama", "Q8_0"), ("qwen3", "Q8_0"), ("phi3", "Q8_0"),
-                                               ("gemma3_text", "Q5_0"), ("qwen2_moe", "Q5_1"), ("mixtral", "Q8_0")])
+@pytest.mark.parametrize("model_type, qtype", [("llama", "Q8_0"), ("smollm3", "Q8_0"), ("granite", "Q5_1"),
+                                               ("qwen3", "Q8_0"), ("phi3", "Q8_0"), ("gemma3_text", "Q5_0"),
+                                               ("qwen2_moe", "Q5_1"), ("mixtral", "Q8_0")])
 def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, written):
-    """Llama's q and k rows come interleaved, beside its rope_freqs.weight; Qwen3's are not
+    """Llama's q and k rows come interleaved, beside its rope_freqs.weight, and so do SmolLM3's
+    and Granite's, filed under their own names with Llama's tensors; Qwen3's are not
     interleaved, and it carries YaRN keys; Phi-3's projections come fused, Gemma 3's MLP is
     GELU, Qwen2-MoE's experts are merged per layer beside a shared expert, Mixtral's q and k
     are interleaved as a Llama's: each read from the blocks as the dequantized path reads

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-GGUF_ARCH = {"llama": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3",
+GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen2": "QWEN2", "qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3",
              "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gpt_oss": "GPT_OSS", "mixtral": "LLAMA"}
 
 
@@ -83,8 +83,13 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     tensors = load_file(hf_dir / "model.safetensors")
     if config.model_type != "phi3":  # Phi-3's LongRoPE below
         tensors.update(_rope_scaling(writer, rope, head_dim))
-    if config.model_type == "llama":
+    if config.model_type in ("llama", "smollm3", "granite"):  # llama.cpp's Llama family
         tensors = _llama_permuted(tensors, config)
+    if config.model_type == "granite":  # its multipliers as llama.cpp names them
+        writer.add_attention_scale(config.attention_multiplier)
+        writer.add_embedding_scale(config.embedding_multiplier)
+        writer.add_residual_scale(config.residual_multiplier)
+        writer.add_logit_scale(config.logits_scaling)
     if config.model_type in EXPERT_KEYS:  # the expert count and size under each config's own keys
         count, size = (getattr(config, key) for key in EXPERT_KEYS[config.model_type])
         writer.add_expert_count(count)
