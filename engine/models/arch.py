@@ -81,12 +81,10 @@ class ArchSpec:
     rope_interleaved: bool = False
 
     def fusable(self) -> bool:
-        """Whether the native fused layer (DecoderLayer.forward_fused) runs this layer shape:
-        norms before attention and MLP (Llama's, its MLP dense or experts; gpt-oss's, with
-        sinks), or Gemma's sandwich norms; a late_cast norm's fp32 weight applies before the
-        rounding there too. OLMo 2's norms after each, over all heads, and Cohere's parallel
-        block on LayerNorms stay eager."""
-        return self.qk_norm != "all" and self.norms in ("pre", "sandwich") and self.norm_kind == "rms"
+        """Whether the fused layer (DecoderLayer.forward_fused) runs this layer shape: every
+        placement of RMSNorms (a late_cast norm's fp32 weight applies before the rounding
+        there too), and Cohere's parallel block, whose LayerNorm runs as a module there."""
+        return self.norm_kind == "rms" or self.norms == "parallel"
 
 
 def layer_windows(config, all_layers: bool = False) -> tuple[int, ...]:

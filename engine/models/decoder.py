@@ -51,15 +51,18 @@ def kv_block_bytes(config, block_size: int, dtype: torch.dtype, tp: int = 1, pp:
 class Flat:
     """One decoder layer's weights, projections and sizes as plain references."""
 
-    norm1: torch.Tensor
+    norm1: torch.Tensor | None  # before attention (None: OLMo 2's and EXAONE 4's layers, Cohere's)
     eps1: float
-    norm2: torch.Tensor  # before the MLP: Llama's post_attention_layernorm, Gemma's pre_feedforward one
+    norm2: torch.Tensor | None  # before the MLP: Llama's post_attention_layernorm, Gemma's pre_feedforward one
     eps2: float
-    post_attn: torch.Tensor | None  # Gemma's norms of the attention's and the MLP's outputs
+    post_attn: torch.Tensor | None  # the norms of the attention's and the MLP's outputs (Gemma, OLMo 2)
     post_mlp: torch.Tensor | None
+    eps_post: float
+    layer_norm: Callable[[torch.Tensor], torch.Tensor] | None  # Cohere's LayerNorm before both
     qkv: Callable[[torch.Tensor], torch.Tensor]
     qk_norm: torch.Tensor | None  # [H + Hkv, D]: the q heads' norm weight, then the k heads'
     qk_eps: float
+    qk_all: tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None  # OLMo 2's
     o: Callable[[torch.Tensor], torch.Tensor]
     gate_up: Callable[[torch.Tensor], torch.Tensor] | None  # None on an expert layer
     glu: bool  # gate_up returns silu(gate) * up itself
@@ -125,14 +128,20 @@ class DecoderLayer(nn.Module):
         if attn.qk_norm == "head":
             qk_norm = torch.cat([attn.q_norm.effective_weight().float().expand(attn.num_heads, -1),
                                  attn.k_norm.effective_weight().float().expand(attn.num_kv_heads, -1)])
-        sandwich = self.spec.norms == "sandwich"
-        norm2 = self.pre_feedforward_layernorm if sandwich else self.post_attention_layernorm
+        norms = self.spec.norms
+        first = self.input_layernorm if norms in ("pre", "sandwich") else None
+        second = {"pre": "post_attention_layernorm", "sandwich": "pre_feedforward_layernorm"}.get(norms)
+        second = getattr(self, second) if second else None
+        after = norms in ("sandwich", "post")  # the outputs' norms: post_attention_ and post_feedforward_layernorm
         self.flat = Flat(
-            norm1=self.input_layernorm.effective_weight(), eps1=self.input_layernorm.eps,
-            norm2=norm2.effective_weight(), eps2=norm2.eps,
-            post_attn=self.post_attention_layernorm.effective_weight() if sandwich else None,
-            post_mlp=self.post_feedforward_layernorm.effective_weight() if sandwich else None,
+            norm1=first.effective_weight() if first else None, eps1=first.eps if first else 0.0,
+            norm2=second.effective_weight() if second else None, eps2=second.eps if second else 0.0,
+            post_attn=self.post_attention_layernorm.effective_weight() if after else None,
+            post_mlp=self.post_feedforward_layernorm.effective_weight() if after else None,
+            eps_post=self.post_attention_layernorm.eps if after else 0.0,
+            layer_norm=self.input_layernorm.forward if norms == "parallel" else None,
             qkv=attn.qkv_proj.forward, qk_norm=qk_norm, qk_eps=attn.q_norm.eps if qk_norm is not None else 0.0,
+            qk_all=(attn.q_norm.forward, attn.k_norm.forward) if attn.qk_norm == "all" else None,
             o=attn.o_proj.forward, gate_up=None if moe else mlp.gate_up_proj.forward, glu=not moe and mlp.glu,
             act=None if moe or mlp.act_name == "silu" else mlp.act, inter=mlp.inter,
             down=None if moe else mlp.down_proj.forward, experts=mlp.forward if moe else None,
@@ -144,10 +153,11 @@ class DecoderLayer(nn.Module):
 
     def forward_fused(self, residual, pending, cos, sin, kv_cache, meta,
                       keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same layer (pre-norm and sandwich-norm architectures) on fused kernels (the
-        native CPU ones, or Triton's on a GPU): each residual add fused into the norm after
-        it (`residual` updated in place, the MLP output, Gemma's normed, returned as the next
-        layer's `pending`; Gemma's attention output normed before it joins the residual),
+        """The same layer on fused kernels (the native CPU ones, or Triton's on a GPU): each
+        residual add fused into the norm after it (`residual` updated in place, the MLP
+        output, Gemma's and OLMo 2's normed, returned as the next layer's `pending`; their
+        attention output normed before it joins the residual; where no norm follows, OLMo
+        2's and Cohere's, a plain add in place),
         the rotary fused, and written flat, with no nn.Module call or module attribute
         lookup inside: at batch 1 on quantized weights the Python around the kernels had
         taken about 95 us a layer, a quarter of the step. On a GPU the module path's forty
@@ -159,9 +169,17 @@ class DecoderLayer(nn.Module):
         chunk that is one row a prompt instead of all of them. Each GEMM row is computed
         on its own, so the kept rows' values are the same."""
         f = self.flat
-        x = f.ops.add_rms_norm(pending, residual, f.norm1, f.eps1)
+        if f.norm1 is not None:
+            x = f.ops.add_rms_norm(pending, residual, f.norm1, f.eps1)
+        else:  # the residual itself (norms after each sublayer), or Cohere's LayerNorm of it
+            if pending is not None:
+                residual.add_(pending)
+            x = f.layer_norm(residual) if f.layer_norm is not None else residual
         n = x.shape[0]
         qkv = f.qkv(x)
+        if f.qk_all is not None:  # OLMo 2's q and k norms, each over all its heads
+            q_all, k_all = f.qk_all
+            qkv = torch.cat([q_all(qkv[:, :f.q_size]), k_all(qkv[:, f.q_size:f.v_at]), qkv[:, f.v_at:]], dim=-1)
         # per-head RMSNorm of q and k (Qwen3, Gemma 3) inside the rotary's pass
         q, k = f.ops.rope_qk(qkv, cos, sin, f.heads, f.kv_heads, f.head_dim, f.qk_norm, f.qk_eps)
         v = qkv[:, f.v_at:].view(n, f.kv_heads, f.head_dim)
@@ -171,14 +189,21 @@ class DecoderLayer(nn.Module):
         out = backend.attention(q, k_cache, v_cache, meta, f.scale, f.window, f.softcap, f.sinks).view(n, f.q_size)
         if keep is not None:
             out, residual = out[keep], residual[keep]
+            if f.layer_norm is not None:
+                x = x[keep]
         out = f.o(out)
         if f.residual_scale != 1.0:
             out = out * f.residual_scale
         if f.reduce is not None:
             out = f.reduce(out)
         if f.post_attn is not None:
-            out = f.ops.add_rms_norm(None, out, f.post_attn, f.eps1)
-        x = f.ops.add_rms_norm(out, residual, f.norm2, f.eps2)
+            out = f.ops.add_rms_norm(None, out, f.post_attn, f.eps_post)
+        if f.norm2 is not None:
+            x = f.ops.add_rms_norm(out, residual, f.norm2, f.eps2)
+        else:  # the MLP reads the residual (post norms) or the same normed x as attention (Cohere)
+            residual.add_(out)  # (h + attention) + MLP, in transformers' order
+            if f.layer_norm is None:
+                x = residual
         if f.experts is not None:
             out = f.experts(x)
             return residual, (out * f.residual_scale if f.residual_scale != 1.0 else out)
@@ -195,7 +220,7 @@ class DecoderLayer(nn.Module):
         if f.reduce is not None:
             out = f.reduce(out)
         if f.post_mlp is not None:
-            out = f.ops.add_rms_norm(None, out, f.post_mlp, f.eps1)
+            out = f.ops.add_rms_norm(None, out, f.post_mlp, f.eps_post)
         return residual, out
 
 

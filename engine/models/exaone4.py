@@ -1,7 +1,6 @@
 """EXAONE 4: per-head q/k RMSNorm, norms after attention and MLP only (none before), and
 where the config has a sliding window, local layers (`layer_types`) windowed with rotary
-and the global ones unwindowed without it (NoPE). The norms after each sublayer keep it
-on the module path, as OLMo 2's do."""
+and the global ones unwindowed without it (NoPE)."""
 
 from __future__ import annotations
 
