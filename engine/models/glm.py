@@ -16,7 +16,7 @@ class GlmForCausalLM(DecoderForCausalLM):
                         windows=(0,) * config.num_hidden_layers)
 
 
-# GLM-4-0414's norm names -> the sandwich layer's (engine/models/decoder.py). Its
+# GLM-4-0414's norm names -> the sandwich layer's (engine/models/layers/block.py). Its
 # post_attention_layernorm is the one before the MLP.
 GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
               "post_attention_layernorm": "pre_feedforward_layernorm",

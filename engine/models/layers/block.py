@@ -1,0 +1,197 @@
+"""One decoder layer, every architecture's: its norms where the ArchSpec puts them, the
+attention, the MLP or the experts; as modules (`forward`, transformers' operations one
+for one), and flat on the fused kernels (`forward_fused`) where the attention backend has
+them (ArchSpec.fusable says which layer shapes that path runs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine import parallel
+from engine.models.arch import ArchSpec
+from engine.models.layers.attention import Attention
+from engine.models.layers.mlp import MLP
+from engine.models.layers.moe import SparseMoE
+from engine.models.layers.norm import hidden_norm
+
+
+@dataclass(frozen=True, slots=True)
+class Flat:
+    """One decoder layer's weights, projections and sizes as plain references."""
+
+    norm1: torch.Tensor | None  # before attention (None: OLMo 2's and EXAONE 4's layers, Cohere's)
+    eps1: float
+    norm2: torch.Tensor | None  # before the MLP: Llama's post_attention_layernorm, Gemma's pre_feedforward one
+    eps2: float
+    post_attn: torch.Tensor | None  # the norms of the attention's and the MLP's outputs (Gemma, OLMo 2)
+    post_mlp: torch.Tensor | None
+    eps_post: float
+    layer_norm: Callable[[torch.Tensor], torch.Tensor] | None  # Cohere's LayerNorm before both
+    qkv: Callable[[torch.Tensor], torch.Tensor]
+    qk_norm: torch.Tensor | None  # [H + Hkv, D]: the q heads' norm weight, then the k heads'
+    qk_eps: float
+    qk_all: tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None  # OLMo 2's
+    o: Callable[[torch.Tensor], torch.Tensor]
+    gate_up: Callable[[torch.Tensor], torch.Tensor] | None  # None on an expert layer
+    glu: bool  # gate_up returns silu(gate) * up itself
+    act: Callable[[torch.Tensor], torch.Tensor] | None  # None: the native silu-mul
+    inter: int
+    down: Callable[[torch.Tensor], torch.Tensor] | None
+    experts: Callable[[torch.Tensor], torch.Tensor] | None  # an expert layer, all-reduced within
+    heads: int
+    kv_heads: int
+    head_dim: int
+    q_size: int
+    v_at: int  # where v starts in a qkv row
+    scale: float
+    window: int
+    softcap: float
+    sinks: torch.Tensor | None  # gpt-oss's per-head sink logits, fp32
+    residual_scale: float
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None  # the tensor-parallel all-reduce, if any
+    ops: Any  # add_rms_norm, rope_qk, silu_mul: kernels.cpu or kernels.triton_fused
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, spec: ArchSpec, layer: int, heads: parallel.Heads, tp: parallel.Group) -> None:
+        super().__init__()
+        self.spec = spec
+        self.self_attn = Attention(config, spec, layer, heads, tp)
+        if spec.moe is not None and layer in spec.moe.layers:
+            self.mlp: MLP | SparseMoE = SparseMoE(config.hidden_size, spec.moe, spec.act, tp)
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size, spec.act, spec.mlp_bias, tp)
+        if spec.norms != "post":
+            self.input_layernorm = hidden_norm(config, spec)
+        if spec.norms != "parallel":
+            self.post_attention_layernorm = hidden_norm(config, spec)
+        if spec.norms == "sandwich":
+            self.pre_feedforward_layernorm = hidden_norm(config, spec)
+        if spec.norms in ("sandwich", "post"):
+            self.post_feedforward_layernorm = hidden_norm(config, spec)
+
+    def forward(self, h, cos, sin, kv_cache, meta) -> torch.Tensor:
+        norms = self.spec.norms
+        if norms == "pre":
+            rs = self.spec.residual_scale
+            a = self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
+            h = h + (a * rs if rs != 1.0 else a)
+            m = self.mlp(self.post_attention_layernorm(h))
+            return h + (m * rs if rs != 1.0 else m)
+        if norms == "parallel":
+            x = self.input_layernorm(h)
+            return h + self.self_attn(x, cos, sin, kv_cache, meta) + self.mlp(x)
+        if norms == "sandwich":
+            h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta))
+            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h = h + self.post_attention_layernorm(self.self_attn(h, cos, sin, kv_cache, meta))
+        return h + self.post_feedforward_layernorm(self.mlp(h))
+
+    def flatten(self, ops: Any) -> None:
+        """Plain references to what forward_fused uses, taken once the weights are final
+        (loaded, packed or quantized); `ops` holds the fused kernels."""
+        attn, mlp = self.self_attn, self.mlp
+        moe = isinstance(mlp, SparseMoE)
+        qk_norm = None
+        if attn.qk_norm == "head":
+            qk_norm = torch.cat([attn.q_norm.effective_weight().float().expand(attn.num_heads, -1),
+                                 attn.k_norm.effective_weight().float().expand(attn.num_kv_heads, -1)])
+        norms = self.spec.norms
+        first = self.input_layernorm if norms in ("pre", "sandwich") else None
+        second = {"pre": "post_attention_layernorm", "sandwich": "pre_feedforward_layernorm"}.get(norms)
+        second = getattr(self, second) if second else None
+        after = norms in ("sandwich", "post")  # the outputs' norms: post_attention_ and post_feedforward_layernorm
+        self.flat = Flat(
+            norm1=first.effective_weight() if first else None, eps1=first.eps if first else 0.0,
+            norm2=second.effective_weight() if second else None, eps2=second.eps if second else 0.0,
+            post_attn=self.post_attention_layernorm.effective_weight() if after else None,
+            post_mlp=self.post_feedforward_layernorm.effective_weight() if after else None,
+            eps_post=self.post_attention_layernorm.eps if after else 0.0,
+            layer_norm=self.input_layernorm.forward if norms == "parallel" else None,
+            qkv=attn.qkv_proj.forward, qk_norm=qk_norm, qk_eps=attn.q_norm.eps if qk_norm is not None else 0.0,
+            qk_all=(attn.q_norm.forward, attn.k_norm.forward) if attn.qk_norm == "all" else None,
+            o=attn.o_proj.forward, gate_up=None if moe else mlp.gate_up_proj.forward, glu=not moe and mlp.glu,
+            act=None if moe or mlp.act_name == "silu" else mlp.act, inter=mlp.inter,
+            down=None if moe else mlp.down_proj.forward, experts=mlp.forward if moe else None,
+            heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
+            q_size=attn.q_size, v_at=attn.q_size + attn.kv_size, scale=attn.scale, window=attn.window,
+            softcap=attn.softcap, sinks=attn.sinks.detach().float() if attn.sinks is not None else None,
+            residual_scale=self.spec.residual_scale, reduce=attn.tp.all_reduce if attn.tp.size > 1 else None,
+            ops=ops)
+
+    def forward_fused(self, residual, pending, cos, sin, kv_cache, meta,
+                      keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer on fused kernels (the native CPU ones, or Triton's on a GPU): each
+        residual add fused into the norm after it (`residual` updated in place, the MLP
+        output, Gemma's and OLMo 2's normed, returned as the next layer's `pending`; their
+        attention output normed before it joins the residual; where no norm follows, OLMo
+        2's and Cohere's, a plain add in place),
+        the rotary fused, and written flat, with no nn.Module call or module attribute
+        lookup inside: at batch 1 on quantized weights the Python around the kernels had
+        taken about 95 us a layer, a quarter of the step. On a GPU the module path's forty
+        small kernels a layer had taken more device time than the GEMMs, graphs or not.
+        cos and sin are [n, rotary dims]. Returns (residual, pending).
+
+        `keep`, on the model's last layer: the rows that need logits. Every row's K and V
+        are stored, but only those rows go on through o_proj and the MLP; in a prefill
+        chunk that is one row a prompt instead of all of them. Each GEMM row is computed
+        on its own, so the kept rows' values are the same."""
+        f = self.flat
+        if f.norm1 is not None:
+            x = f.ops.add_rms_norm(pending, residual, f.norm1, f.eps1)
+        else:  # the residual itself (norms after each sublayer), or Cohere's LayerNorm of it
+            if pending is not None:
+                residual.add_(pending)
+            x = f.layer_norm(residual) if f.layer_norm is not None else residual
+        n = x.shape[0]
+        qkv = f.qkv(x)
+        if f.qk_all is not None:  # OLMo 2's q and k norms, each over all its heads
+            q_all, k_all = f.qk_all
+            qkv = torch.cat([q_all(qkv[:, :f.q_size]), k_all(qkv[:, f.q_size:f.v_at]), qkv[:, f.v_at:]], dim=-1)
+        # per-head RMSNorm of q and k (Qwen3, Gemma 3) inside the rotary's pass
+        q, k = f.ops.rope_qk(qkv, cos, sin, f.heads, f.kv_heads, f.head_dim, f.qk_norm, f.qk_eps)
+        v = qkv[:, f.v_at:].view(n, f.kv_heads, f.head_dim)
+        k_cache, v_cache = kv_cache
+        backend = meta.backend
+        backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = backend.attention(q, k_cache, v_cache, meta, f.scale, f.window, f.softcap, f.sinks).view(n, f.q_size)
+        if keep is not None:
+            out, residual = out[keep], residual[keep]
+            if f.layer_norm is not None:
+                x = x[keep]
+        out = f.o(out)
+        if f.residual_scale != 1.0:
+            out = out * f.residual_scale
+        if f.reduce is not None:
+            out = f.reduce(out)
+        if f.post_attn is not None:
+            out = f.ops.add_rms_norm(None, out, f.post_attn, f.eps_post)
+        if f.norm2 is not None:
+            x = f.ops.add_rms_norm(out, residual, f.norm2, f.eps2)
+        else:  # the MLP reads the residual (post norms) or the same normed x as attention (Cohere)
+            residual.add_(out)  # (h + attention) + MLP, in transformers' order
+            if f.layer_norm is None:
+                x = residual
+        if f.experts is not None:
+            out = f.experts(x)
+            return residual, (out * f.residual_scale if f.residual_scale != 1.0 else out)
+        up = f.gate_up(x)
+        if f.glu:
+            out = f.down(up)
+        elif f.act is None:
+            out = f.down(f.ops.silu_mul(up))
+        else:
+            gate, up = up.split(f.inter, dim=-1)
+            out = f.down(f.act(gate) * up)
+        if f.residual_scale != 1.0:
+            out = out * f.residual_scale
+        if f.reduce is not None:
+            out = f.reduce(out)
+        if f.post_mlp is not None:
+            out = f.ops.add_rms_norm(None, out, f.post_mlp, f.eps_post)
+        return residual, out
