@@ -34,9 +34,10 @@ def arch_dir(tmp_path_factory, default_model_dir):
 
 
 # The Triton path's fused layer (kernels/triton_fused.py) under q/k norms and YaRN (qwen3),
-# sandwich norms with fp32 weights, GELU and two rope bases (gemma3_text) and a partial
-# rotary (phi3); on a GPU the gpu tier runs it natively.
-TRITON = [] if NATIVE else ["gemma3_text", "phi3", "qwen3"]
+# sandwich norms with fp32 weights, GELU and two rope bases (gemma3_text), a partial
+# rotary (phi3), and norms after each block only with NoPE global layers (exaone4); on a
+# GPU the gpu tier runs it natively.
+TRITON = [] if NATIVE else ["gemma3_text", "phi3", "qwen3", "exaone4"]
 CASES = [(m, b) for m in sorted(arch_models.ARCHS) for b in ("native", "torch")] + [(m, "triton") for m in TRITON]
 
 
