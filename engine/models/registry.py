@@ -19,7 +19,6 @@ from engine.models.ministral import MinistralForCausalLM
 from engine.models.mistral import MistralForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
-from engine.models.olmo3 import Olmo3ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen2_moe import Qwen2MoeForCausalLM
@@ -38,7 +37,7 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "gemma3_text": Gemma3ForCausalLM,
     "phi3": Phi3ForCausalLM,
     "olmo2": Olmo2ForCausalLM,
-    "olmo3": Olmo3ForCausalLM,
+    "olmo3": Olmo2ForCausalLM,  # OLMo 2's layer; its windows and per-type rope come from its config
     "smollm3": SmolLM3ForCausalLM,
     "exaone4": Exaone4ForCausalLM,
     "seed_oss": SeedOssForCausalLM,

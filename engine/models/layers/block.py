@@ -164,13 +164,7 @@ class DecoderLayer(nn.Module):
             out, residual = out[keep], residual[keep]
             if f.layer_norm is not None:
                 x = x[keep]
-        out = f.o(out)
-        if f.residual_scale != 1.0:
-            out = out * f.residual_scale
-        if f.reduce is not None:
-            out = f.reduce(out)
-        if f.post_attn is not None:
-            out = f.ops.add_rms_norm(None, out, f.post_attn, f.eps_post)
+        out = _branch_out(f, f.o(out), f.post_attn)
         if f.norm2 is not None:
             x = f.ops.add_rms_norm(out, residual, f.norm2, f.eps2)
         else:  # the MLP reads the residual (post norms) or the same normed x as attention (Cohere)
@@ -188,10 +182,14 @@ class DecoderLayer(nn.Module):
         else:
             gate, up = up.split(f.inter, dim=-1)
             out = f.down(f.act(gate) * up)
-        if f.residual_scale != 1.0:
-            out = out * f.residual_scale
-        if f.reduce is not None:
-            out = f.reduce(out)
-        if f.post_mlp is not None:
-            out = f.ops.add_rms_norm(None, out, f.post_mlp, f.eps_post)
-        return residual, out
+        return residual, _branch_out(f, out, f.post_mlp)
+
+
+def _branch_out(f: Flat, out: torch.Tensor, post: torch.Tensor | None) -> torch.Tensor:
+    """A sublayer's output as it joins the residual: Granite's residual multiplier, the
+    tensor-parallel all-reduce, and the norm after it where the layer has one (Gemma, OLMo 2)."""
+    if f.residual_scale != 1.0:
+        out = out * f.residual_scale
+    if f.reduce is not None:
+        out = f.reduce(out)
+    return f.ops.add_rms_norm(None, out, post, f.eps_post) if post is not None else out
