@@ -16,7 +16,8 @@ import torch
 
 from engine.errors import ParamError
 from engine.models import gguf_config, mxfp4
-from engine.models.gguf_tensors import GGUF_EXPERTS
+from engine.models.gguf_tensors import GGUF_EXPERTS, unpermuted_order
+from engine.models.weights import rotary_order
 from kernels import quant
 
 # Our fused projections and the GGUF tensors that fill them, in order; Phi-3's files hold
@@ -117,17 +118,19 @@ def blocks(found: dict[str, Any], name: str) -> tuple[int, torch.Tensor, int]:
     return kind, data, k
 
 
-def projections(model: Any, found: dict[str, Any], config: Any) -> Iterator[tuple[str, tuple[str, ...], dict]]:
+def projections(model: Any, found: dict[str, Any], config: Any
+                ) -> Iterator[tuple[str, tuple[str, ...], dict[str, torch.Tensor]]]:
     """Each dense projection of the model's layers as (its path under model.layers, the
-    GGUF tensors whose rows make it, in order, {tensor: heads} for those whose q/k rows
-    the converter interleaved); an expert layer's routed experts are not among them
-    (`experts`)."""
+    GGUF tensors whose rows make it, in order, {tensor: row index} for the q and k whose
+    rows come in another order than the model's); an expert layer's routed experts are
+    not among them (`experts`)."""
     from engine.models.layers.moe import SparseMoE
 
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    heads = {"attn_q": config.num_attention_heads, "attn_k": kv_heads} if config.model_type in PERMUTED else {}
     first, _end = model.layer_range
-    table = GGUF_FUSED_PARTS if f"blk.{first}.attn_qkv.weight" in found else GGUF_PARTS
+    table = dict(GGUF_FUSED_PARTS if f"blk.{first}.attn_qkv.weight" in found else GGUF_PARTS)
+    if f"blk.{first}.ffn_gate.weight" not in found:  # GLM-4's gate and up come fused, as Phi-3's
+        table["mlp.gate_up_proj"] = GGUF_FUSED_PARTS["mlp.gate_up_proj"]
+    orders = _qk_orders(model, config)
     for i, layer in enumerate(model.layers):
         parts = dict(table)
         if isinstance(layer.mlp, SparseMoE):
@@ -136,7 +139,22 @@ def projections(model: Any, found: dict[str, Any], config: Any) -> Iterator[tupl
                 parts.update(GGUF_SHARED_PARTS)
         for ours, theirs in parts.items():
             names = tuple(f"blk.{first + i}.{name}.weight" for name in theirs)
-            yield f"{i}.{ours}", names, {n: heads[p] for n, p in zip(names, theirs) if p in heads}
+            yield f"{i}.{ours}", names, {n: orders[p] for n, p in zip(names, theirs) if p in orders}
+
+
+def _qk_orders(model: Any, config: Any) -> dict[str, torch.Tensor]:
+    """{attn_q / attn_k: row index} where the file's q and k rows are not in the model's
+    order: the Llama family's, which the converter interleaved, and those of models whose
+    rotary pairs adjacent dims (GLM-4, ERNIE 4.5, Command R), which the loader turns to
+    rotate-half's pairs as it does a checkpoint's (engine/models/weights.py)."""
+    heads = {"attn_q": config.num_attention_heads,
+             "attn_k": getattr(config, "num_key_value_heads", None) or config.num_attention_heads}
+    d = model.layers[0].self_attn.head_dim
+    if config.model_type in PERMUTED:
+        return {p: unpermuted_order(h * d, h) for p, h in heads.items()}
+    if model.arch.rope_interleaved:
+        return {p: rotary_order(model, h) for p, h in heads.items()}
+    return {}
 
 
 def experts(model: Any) -> Iterator[tuple[Any, tuple[str, str, str]]]:

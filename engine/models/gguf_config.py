@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import ParamError
+from engine.models import gguf_llama_keyed
 from engine.models.layers import rotary
 
 # Gemma 2 27B (46 layers) and Gemma 3 27B (62) scale queries by hidden / heads rather than
@@ -96,10 +97,13 @@ def _hide_misread(reader: Any) -> Any:
     return reader
 
 
-# Architectures llama.cpp writes as Llama's tensors (q and k interleaved as Llama's) and
-# Llama's keys under their own name, with a few keys of their own that `restore` reads.
-# transformers' reader knows neither: within parsed_once it is shown them as `llama`.
-AS_LLAMA = ("smollm3", "granite")
+# Architectures whose keys llama.cpp writes as Llama's under their own name, with a few of
+# their own that `restore` reads. transformers' reader knows none of them: within
+# parsed_once it is shown them as `llama`, for the config's common fields and the
+# tokenizer. SmolLM3's and Granite's tensors are Llama's too (q and k interleaved as
+# Llama's) and its reader converts them; the others' are the checkpoint's, renamed, and
+# engine/models/gguf_tensors.py converts them by llama.cpp's own name map.
+AS_LLAMA = tuple(gguf_llama_keyed.BUILDERS)
 
 
 def _as_llama(reader: Any) -> Any:
@@ -116,6 +120,11 @@ def _as_llama(reader: Any) -> Any:
     return reader
 
 
+def file_arch(path: Path) -> str:
+    """The architecture the file names (`general.architecture`), as llama.cpp wrote it."""
+    return _fields(path)[0]
+
+
 def _fields(path: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
     import gguf
 
@@ -123,7 +132,7 @@ def _fields(path: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
     fields = {k: f.contents() for k, f in reader.fields.items()
               if not k.startswith("tokenizer.") or k == "tokenizer.ggml.padding_token_id"}
     fields.update(getattr(reader, "hidden_fields", {}))
-    tensors = {t.name: t for t in reader.tensors if t.name.startswith(("rope_factors", "rope_freqs"))}
+    tensors = {t.name: t for t in reader.tensors}
     arch = getattr(reader, "true_arch", None) or str(fields.get("general.architecture", ""))
     return arch, fields, tensors
 
@@ -184,13 +193,9 @@ def restore(config: Any, path: Path) -> Any:
     if arch == "gpt-oss":
         _gpt_oss(config, get)
     if arch == "llama" and get("expert_count"):
-        return _mixtral(config, get)
-    if arch == "smollm3":  # llama.cpp turns no rotary on every fourth layer, as the config's default does
-        from transformers import SmolLM3Config
-
-        return SmolLM3Config(**_llama_fields(config), architectures=["SmolLM3ForCausalLM"])
-    if arch == "granite":
-        return _granite(config, get)
+        return gguf_llama_keyed.mixtral(config, get)
+    if arch in gguf_llama_keyed.BUILDERS:
+        return gguf_llama_keyed.BUILDERS[arch](config, get, tensors)
     if arch in ("qwen2moe", "qwen3moe"):
         # llama.cpp builds every layer as experts, renormalising the top-k for Qwen3-MoE only.
         config.moe_intermediate_size = int(get("expert_feed_forward_length"))
@@ -227,6 +232,9 @@ def _rope_scaling(config: Any, arch: str, get, tensors: dict[str, Any]) -> None:
                           ("yarn_beta_slow", "beta_slow")):
             if get(f"rope.scaling.{key}") is not None:
                 params[name] = float(get(f"rope.scaling.{key}"))
+        # OLMo 3's converter writes the checkpoint's attention_factor under the older key.
+        if "attention_factor" not in params and get("rope.scaling.attn_factor") is not None:
+            params["attention_factor"] = float(get("rope.scaling.attn_factor"))
     elif kind is not None:
         raise ParamError("model", f"{arch} GGUF: rope scaling {kind!r} is not supported here "
                                   "(linear, yarn, or Llama 3's rope_freqs.weight)")
@@ -303,38 +311,3 @@ def _gpt_oss(config: Any, get) -> None:
                       beta_fast=float(get("rope.scaling.yarn_beta_fast", 32.0)),
                       beta_slow=float(get("rope.scaling.yarn_beta_slow", 1.0)))
     config.rope_parameters = params
-
-
-def _llama_fields(config: Any) -> dict[str, Any]:
-    """What a Llama config read from a GGUF carries over to the config of the architecture
-    the file really holds."""
-    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_parameters",
-            "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
-    return {k: getattr(config, k) for k in keep if hasattr(config, k)}
-
-
-def _granite(config: Any, get) -> Any:
-    """Granite's four multipliers, which llama.cpp writes as `*_scale` keys, and only where
-    they are set: without one, its embeddings, residuals and logits go unscaled and its
-    attention scales by 1 / sqrt(head_dim), as llama.cpp then computes."""
-    from transformers import GraniteConfig
-
-    fields = _llama_fields(config)
-    return GraniteConfig(**fields, architectures=["GraniteForCausalLM"],
-                         embedding_multiplier=float(get("embedding_scale") or 1.0),
-                         residual_multiplier=float(get("residual_scale") or 1.0),
-                         logits_scaling=float(get("logit_scale") or 1.0),
-                         attention_multiplier=float(get("attention.scale") or
-                                                    (fields["hidden_size"] // fields["num_attention_heads"]) ** -0.5))
-
-
-def _mixtral(config: Any, get) -> Any:
-    """llama.cpp files Mixtral as `llama` with experts: the Mixtral config it was written from."""
-    from transformers import MixtralConfig
-
-    fields = {k: v for k, v in _llama_fields(config).items() if k != "intermediate_size"}
-    return MixtralConfig(**fields,
-                         intermediate_size=int(get("expert_feed_forward_length", config.intermediate_size)),
-                         num_local_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")),
-                         sliding_window=None, architectures=["MixtralForCausalLM"])

@@ -83,7 +83,9 @@ def convert_gguf(gguf: Path, out: Path, blocks: bool = False) -> None:
         config = gguf_config.restore(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
         registry.text_config(config)  # refuses an architecture we cannot serve, before any work
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        if gguf_tensors.handles(config):  # files transformers' reader does not convert
+        if config.model_type in gguf_tensors.NAMED:  # renamed alone: by llama.cpp's own name map
+            tensors = gguf_tensors.convert_named(gguf, gguf_config.file_arch(gguf), config, keep)
+        elif gguf_tensors.handles(config):  # files transformers' reader does not convert
             tensors = gguf_tensors.convert(gguf, config, keep)
         else:
             with torch.device("meta"):

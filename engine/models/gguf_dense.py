@@ -24,7 +24,6 @@ import torch
 
 from engine.errors import ParamError
 from engine.models import gguf_blocks
-from engine.models.gguf_tensors import unpermute
 from kernels import cpu, quant
 
 
@@ -42,9 +41,9 @@ def fill(model: Any, source: str, config: Any, dtype: torch.dtype) -> None:
         param.data = value.to(device=param.device, dtype=dtype)
         filled.add(id(param))
 
-    for ours, names, heads in gguf_blocks.projections(model, found, config):
+    for ours, names, orders in gguf_blocks.projections(model, found, config):
         rows = [_dense(found, name) for name in names]
-        rows = [unpermute(r, heads[n]) if n in heads else r for n, r in zip(names, rows)]
+        rows = [r[orders[n]] if n in orders else r for n, r in zip(names, rows)]
         put(params[f"layers.{ours}.weight"], torch.cat(rows) if len(rows) > 1 else rows[0], " + ".join(names))
     for moe, names in gguf_blocks.experts(model):
         _experts(moe, found, names, dtype, put)

@@ -1,6 +1,8 @@
 """A GGUF file's tensors under a checkpoint's HF names, for the architectures whose files
 transformers' GGUF reader does not convert: gpt-oss (experts in MXFP4, biases, attention
-sinks) and Mixtral (which llama.cpp files as `llama` with each layer's experts merged).
+sinks), Mixtral (which llama.cpp files as `llama` with each layer's experts merged), and
+those whose tensors llama.cpp's converter only renames (`NAMED`: OLMo 2 and 3, EXAONE 4,
+ERNIE 4.5, GLM-4, Command R and R7B).
 
 Each tensor is dequantized by the gguf package (MXFP4 included) and renamed as
 llama.cpp's converter named it; the experts come out stacked per layer in the layout the
@@ -39,11 +41,41 @@ MIXTRAL_LAYER = {
 GGUF_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
           "output.weight": "lm_head.weight"}
-OWN = ("gpt_oss", "mixtral")  # the model types this module converts
+OWN = ("gpt_oss", "mixtral")  # the model types this module converts by its own tables
+# ... and those whose tensors the converter renamed by the gguf package's name map and
+# left otherwise as the checkpoint holds them (no q/k interleaving, no merged experts).
+NAMED = ("olmo2", "olmo3", "exaone4", "ernie4_5", "glm4", "cohere", "cohere2")
 
 
 def handles(config: Any) -> bool:
     return config.model_type in OWN
+
+
+def convert_named(path: Path, arch: str, config: Any, keep: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+    """Every tensor of a file llama.cpp converted by renaming alone, under the HF name its
+    converter took it from: the checkpoint's names come from transformers' model for the
+    config, and gguf's name map for `arch` (the one the converter used) names each in the
+    file. A tensor of the file that no parameter maps to is a ValueError naming it."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    names = gguf.get_tensor_name_map({v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch], config.num_hidden_layers)
+    theirs: dict[str, str] = {}
+    for hf_name in skeleton.state_dict():
+        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))  # the suffix kept
+        if gguf_name is not None:
+            theirs.setdefault(gguf_name, hf_name)
+    out: dict[str, torch.Tensor] = {}
+    for t in gguf.GGUFReader(path).tensors:
+        if t.name == "rope_freqs.weight" or not keep(t.name):  # the divisors are in the config's rope scaling
+            continue
+        if t.name not in theirs:
+            raise ValueError(f"unexpected GGUF tensor {t.name!r} for {config.model_type}")
+        data = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        out[theirs[t.name]] = torch.from_numpy(data)
+    return out
 
 
 def convert(path: Path, config: Any, keep: Callable[[str], bool]) -> dict[str, torch.Tensor]:
@@ -110,6 +142,9 @@ def _experts(config: Any, i: int, experts: dict[tuple[int, str], torch.Tensor], 
 def unpermute(rows: torch.Tensor, heads: int) -> torch.Tensor:
     """llama.cpp's converter interleaves each head's rotary halves in a Llama-family q and
     k; transformers' reader undoes it. The same row order back (any trailing shape)."""
-    n = rows.shape[0]
-    order = torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
-    return rows[order]
+    return rows[unpermuted_order(rows.shape[0], heads)]
+
+
+def unpermuted_order(n: int, heads: int) -> torch.Tensor:
+    """The row index that undoes the converter's interleaving of `n` rows of `heads` heads."""
+    return torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)

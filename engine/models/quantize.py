@@ -27,7 +27,6 @@ from torch import nn
 
 from engine.errors import ParamError
 from engine.models import gguf_blocks
-from engine.models.gguf_tensors import unpermute
 from kernels import pages, quant
 
 MODES = ("gguf", "mxfp4", "int8")
@@ -279,9 +278,9 @@ def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, 
     for moe, names in gguf_blocks.experts(model):
         moe.use_experts(_gguf_experts(tensors, names, moe))
     out = {}
-    for ours, names, heads in gguf_blocks.projections(model, tensors, config):
+    for ours, names, orders in gguf_blocks.projections(model, tensors, config):
         blocks = [gguf_blocks.blocks(tensors, name) for name in names]
-        rows = [unpermute(b[1], heads[n]) if n in heads else b[1] for n, b in zip(names, blocks)]
+        rows = [b[1][orders[n]] if n in orders else b[1] for n, b in zip(names, blocks)]
         bias = getattr(model.layers.get_submodule(ours), "bias", None)
         out[ours] = quant_rows(rows, [b[0] for b in blocks], blocks[0][2], bias)
     return out

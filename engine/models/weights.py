@@ -132,9 +132,15 @@ def _rotary_order(model: DecoderForCausalLM, piece: str, rows: torch.Tensor) -> 
     as it turns Llama's."""
     if piece not in ("q_proj", "k_proj") or not model.arch.rope_interleaved:
         return rows
+    return rows[rotary_order(model, rows.shape[0] // model.layers[0].self_attn.head_dim)]
+
+
+def rotary_order(model: DecoderForCausalLM, heads: int) -> torch.Tensor:
+    """The row index of `_rotary_order` over `heads` whole heads (also a GGUF file's q and
+    k rows, engine/models/gguf_blocks.py)."""
     d, rot = model.layers[0].self_attn.head_dim, model.rotary_dims
     order = torch.cat([torch.arange(0, rot, 2), torch.arange(1, rot, 2), torch.arange(rot, d)])
-    return rows.reshape(-1, d, *rows.shape[1:])[:, order].reshape(rows.shape)
+    return (torch.arange(heads)[:, None] * d + order).reshape(-1)
 
 
 def _prefused_pieces(model: DecoderForCausalLM, module: str) -> list[tuple[int, str]]:

@@ -1,6 +1,6 @@
 """GGUF files of every architecture llama.cpp converts that the engine serves (Llama,
-SmolLM3, Granite, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, and Qwen2-MoE and Qwen3-MoE with
-each layer's experts merged, Mixtral, gpt-oss): tiny ones written
+SmolLM3, Granite, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, OLMo 2 and 3, EXAONE 4, and
+Qwen2-MoE and Qwen3-MoE with each layer's experts merged, Mixtral, gpt-oss): tiny ones written
 as llama.cpp's converter writes them, loaded by the engine and run greedy in fp32
 against transformers on the checkpoint they were written from; and with `quantization:
 gguf`, computing on the file's blocks (Q8_0, Q5_0, Q5_1, gpt-oss's MXFP4), against the
@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from engine import LLM
 from engine.errors import ParamError
+from engine.models import gguf_tensors
 from tests.support import arch_models, gguf_files
 from tests.support.oracle import engine_greedy, hf_greedy
 
@@ -45,6 +46,19 @@ GGUF_OVERRIDES = {
     # blocks, and llama.cpp fixes its SwiGLU clamp at the released models' 7.
     "mixtral": dict(sliding_window=None),
     "gpt_oss": dict(intermediate_size=64, swiglu_limit=7.0),
+    "olmo2": dict(),
+    # llama.cpp's OLMo 3: one rope base for both kinds of layer, YaRN (with its attention
+    # factor away from the default) on the global ones only.
+    "olmo3": dict(rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                   "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                      "original_max_position_embeddings": 64,
+                                                      "attention_factor": 1.5}}),
+    "exaone4": dict(),
+    "ernie4_5": dict(),
+    "glm4": dict(partial_rotary_factor=0.25),  # not the config's default half: the file's must be read
+    "cohere": dict(),
+    # llama.cpp's Command R7B: every fourth layer global, as the config's default has it.
+    "cohere2": dict(num_hidden_layers=4, layer_types=None),
 }
 
 
@@ -86,6 +100,18 @@ def test_a_gguf_gives_transformers_tokens_on_its_checkpoint(model_type, written)
     assert llm.engine.hf_config.model_type == model_type
     prompts = prompts_for(model_type)
     assert engine_greedy(llm, prompts, 12, ignore_eos=True) == hf_greedy(hf, prompts, 12, None)
+    if model_type in gguf_tensors.NAMED:  # configs rebuilt from the keys, including what greedy cannot show
+        got = llm.engine.hf_config
+        for field in RESTORED:
+            if hasattr(type(hf.config), field):  # a field of its class, not a stray kwarg of the build
+                want = getattr(hf.config, field)
+                assert getattr(got, field) == (pytest.approx(want) if isinstance(want, float) else want), field
+
+
+# Config fields a rebuilt config must carry over: a logit scale changes no argmax, but it
+# changes every logprob and every sampled token.
+RESTORED = ("logit_scale", "layer_norm_eps", "rms_norm_eps", "layer_types", "sliding_window", "attention_bias",
+            "use_bias", "tie_word_embeddings", "head_dim", "rope_parameters")
 
 
 def test_a_gpt_oss_gguf_with_mxfp4_experts_gives_transformers_tokens(tmp_path, default_model_dir):
@@ -147,14 +173,15 @@ def test_gpt_oss_computes_on_its_mxfp4_blocks(tmp_path, default_model_dir):
 
 @pytest.mark.parametrize("model_type, qtype", [("llama", "Q8_0"), ("smollm3", "Q8_0"), ("granite", "Q5_1"),
                                                ("qwen3", "Q8_0"), ("phi3", "Q8_0"), ("gemma3_text", "Q5_0"),
-                                               ("qwen2_moe", "Q5_1"), ("mixtral", "Q8_0")])
+                                               ("qwen2_moe", "Q5_1"), ("mixtral", "Q8_0"), ("olmo3", "Q8_0"),
+                                               ("exaone4", "Q5_1")])
 def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, written):
     """Llama's q and k rows come interleaved, beside its rope_freqs.weight, and so do SmolLM3's
     and Granite's, filed under their own names with Llama's tensors; Qwen3's are not
     interleaved, and it carries YaRN keys; Phi-3's projections come fused, Gemma 3's MLP is
     GELU, Qwen2-MoE's experts are merged per layer beside a shared expert, Mixtral's q and k
-    are interleaved as a Llama's: each read from the blocks as the dequantized path reads
-    them. Q5_0 is what Q4_K_M files hold where a row is not a multiple of 256 (Gemma 3 270M,
+    are interleaved as a Llama's; OLMo 3's and EXAONE 4's converted by llama.cpp's name map
+    alone: each read from the blocks as the dequantized path reads them. Q5_0 is what Q4_K_M files hold where a row is not a multiple of 256 (Gemma 3 270M,
     Qwen2.5 0.5B)."""
     _, gguf = written(model_type, qtype)
     prompts = prompts_for(model_type)
@@ -263,7 +290,7 @@ def test_a_conversion_is_found_by_the_files_bytes_not_its_path(written, tmp_path
 
 
 @pytest.mark.parametrize("model_type, qtype", [("qwen2_moe", "Q5_1"), ("phi3", "Q8_0"), ("mixtral", "F16"),
-                                               ("gemma3_text", "BF16")])
+                                               ("gemma3_text", "BF16"), ("olmo3", "Q8_0")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_dense_weights_read_from_the_blocks_are_the_fp32_conversions(model_type, qtype, dtype, written, tmp_path,
                                                                        monkeypatch):
@@ -271,7 +298,8 @@ def test_dense_weights_read_from_the_blocks_are_the_fp32_conversions(model_type,
     dense model at load, in the model's dtype, instead of reading an fp32 copy of the whole
     model from the cache: every parameter is the one the fp32 conversion gives, to the bit
     (Qwen2-MoE's experts and shared expert, Phi-3's fused projections, Mixtral's interleaved
-    q/k and merged experts; F16 and BF16, which no kernel reads, through the gguf package),
+    q/k and merged experts, OLMo 3's renamed tensors; F16 and BF16, which no kernel reads,
+    through the gguf package),
     and only the small conversion is written."""
     from engine.models import gguf_convert, loader, packed_linear
 

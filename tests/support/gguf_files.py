@@ -14,7 +14,9 @@ import numpy as np
 import torch
 
 GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen2": "QWEN2", "qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3",
-             "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gpt_oss": "GPT_OSS", "mixtral": "LLAMA"}
+             "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gpt_oss": "GPT_OSS", "mixtral": "LLAMA",
+             "olmo2": "OLMO2", "olmo3": "OLMO2", "exaone4": "EXAONE4", "ernie4_5": "ERNIE4_5", "glm4": "GLM4",
+             "cohere": "COMMAND_R", "cohere2": "COHERE2"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -68,7 +70,11 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     writer.add_block_count(layers)
     writer.add_head_count(heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if config.model_type in ("cohere", "cohere2"):  # LayerNorm, and a logit scale
+        writer.add_layer_norm_eps(config.layer_norm_eps)
+        writer.add_logit_scale(config.logit_scale)
+    else:
+        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     rope = config.rope_parameters.get("full_attention", config.rope_parameters)
     writer.add_rope_freq_base(rope["rope_theta"])
@@ -80,8 +86,20 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     if config.model_type == "gemma2":
         writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
         writer.add_final_logit_softcapping(config.final_logit_softcapping)
+    if config.model_type in ("olmo3", "exaone4") and config.sliding_window:  # one flag per layer
+        writer.add_sliding_window(config.sliding_window)
+        writer.add_sliding_window_pattern([t == "sliding_attention" for t in config.layer_types])
+    if config.model_type == "cohere2":  # no pattern: llama.cpp windows all layers but each fourth
+        writer.add_sliding_window(config.sliding_window)
+    if config.model_type == "glm4":  # its partial rotary, in dims
+        writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
     tensors = load_file(hf_dir / "model.safetensors")
-    if config.model_type != "phi3":  # Phi-3's LongRoPE below
+    if config.model_type == "olmo3" and rope.get("rope_type") == "yarn":  # its converter's own keys
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_attn_factors(rope["attention_factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    elif config.model_type != "phi3":  # Phi-3's LongRoPE below
         tensors.update(_rope_scaling(writer, rope, head_dim))
     if config.model_type in ("llama", "smollm3", "granite"):  # llama.cpp's Llama family
         tensors = _llama_permuted(tensors, config)

@@ -1,0 +1,142 @@
+"""The configs of architectures llama.cpp writes under Llama's keys (each under its own
+name, with a few keys of its own): built from the fields transformers' reader gives
+when it is shown the file as `llama` (engine/models/gguf_config.py), and the keys only
+these architectures have."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.errors import ParamError
+from engine.models.layers import rotary
+
+
+def llama_fields(config: Any) -> dict[str, Any]:
+    """What a Llama config read from a GGUF carries over to the config of the architecture
+    the file really holds."""
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_parameters",
+            "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
+    return {k: getattr(config, k) for k in keep if hasattr(config, k)}
+
+
+def _granite(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """Granite's four multipliers, which llama.cpp writes as `*_scale` keys, and only where
+    they are set: without one, its embeddings, residuals and logits go unscaled and its
+    attention scales by 1 / sqrt(head_dim), as llama.cpp then computes."""
+    from transformers import GraniteConfig
+
+    fields = llama_fields(config)
+    return GraniteConfig(**fields, architectures=["GraniteForCausalLM"],
+                         embedding_multiplier=float(get("embedding_scale") or 1.0),
+                         residual_multiplier=float(get("residual_scale") or 1.0),
+                         logits_scaling=float(get("logit_scale") or 1.0),
+                         attention_multiplier=float(get("attention.scale") or
+                                                    (fields["hidden_size"] // fields["num_attention_heads"]) ** -0.5))
+
+
+def mixtral(config: Any, get) -> Any:
+    """llama.cpp files Mixtral as `llama` with experts: the Mixtral config it was written from."""
+    from transformers import MixtralConfig
+
+    fields = {k: v for k, v in llama_fields(config).items() if k != "intermediate_size"}
+    return MixtralConfig(**fields,
+                         intermediate_size=int(get("expert_feed_forward_length", config.intermediate_size)),
+                         num_local_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")),
+                         sliding_window=None, architectures=["MixtralForCausalLM"])
+
+
+def _layer_types(get, layers: int, every: int = 4) -> list[str]:
+    """Each layer's attention kind from the window pattern llama.cpp writes (one flag per
+    layer, true where windowed); without one, its default: every `every`-th layer global."""
+    pattern = get("attention.sliding_window_pattern")
+    if pattern is None:
+        pattern = [(i + 1) % every != 0 for i in range(layers)]
+    if len(pattern) != layers:
+        raise ParamError("model", f"the GGUF window pattern has {len(pattern)} flags for {layers} layers")
+    return ["sliding_attention" if windowed else "full_attention" for windowed in pattern]
+
+
+def _smollm3(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """llama.cpp turns no rotary on every fourth layer, as the config's default does."""
+    from transformers import SmolLM3Config
+
+    return SmolLM3Config(**llama_fields(config), architectures=["SmolLM3ForCausalLM"])
+
+
+def _partial_rotary(config: Any, get) -> None:
+    """The rotary width llama.cpp writes (`rope.dimension_count`) as the config's fraction of
+    a head, where it is not the whole head (GLM-4 turns half or a quarter of each)."""
+    turned, head_dim = get("rope.dimension_count"), rotary.head_dim(config)
+    if turned and int(turned) != head_dim:
+        config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": int(turned) / head_dim}
+
+
+def _olmo(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """llama.cpp files OLMo 2 and OLMo 3 as `olmo2`; OLMo 3 is the one with a window. Its
+    windowed layers turn by the plain rotary, its global ones with the file's scaling (as
+    transformers' OLMo 3 and llama.cpp both do)."""
+    from transformers import Olmo2Config, Olmo3Config
+
+    fields = llama_fields(config)
+    window = get("attention.sliding_window")
+    if not window:
+        return Olmo2Config(**fields, architectures=["Olmo2ForCausalLM"])
+    full = dict(fields.pop("rope_parameters"))
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": full["rope_theta"]}, "full_attention": full}
+    return Olmo3Config(**fields, rope_parameters=rope, sliding_window=int(window),
+                       layer_types=_layer_types(get, fields["num_hidden_layers"]), architectures=["Olmo3ForCausalLM"])
+
+
+def _exaone4(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """EXAONE 4 with its window pattern where the file has a window (its global layers
+    then turn no rotary), every layer global without one (EXAONE 4 1.2B)."""
+    from transformers import Exaone4Config
+
+    fields = llama_fields(config)
+    window = get("attention.sliding_window")
+    layers = fields["num_hidden_layers"]
+    types = _layer_types(get, layers) if window else ["full_attention"] * layers
+    return Exaone4Config(**fields, sliding_window=int(window) if window else None, layer_types=types,
+                         architectures=["Exaone4ForCausalLM"])
+
+
+def _ernie4_5(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """ERNIE 4.5: biases on every projection or on none (`use_bias`), as the file holds them."""
+    from transformers import Ernie4_5Config
+
+    return Ernie4_5Config(**llama_fields(config), use_bias="blk.0.attn_q.bias" in tensors,
+                          architectures=["Ernie4_5ForCausalLM"])
+
+
+def _glm4(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """GLM-4 (0414): q/k/v biases where the file holds them; its partial rotary is read above."""
+    from transformers import Glm4Config
+
+    _partial_rotary(config, get)
+    return Glm4Config(**llama_fields(config), attention_bias="blk.0.attn_q.bias" in tensors,
+                      architectures=["Glm4ForCausalLM"])
+
+
+def _cohere(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """Command R and Aya (`command-r`), and Command R7B (`cohere2`, its window on every layer
+    but each fourth, as llama.cpp fixes it): LayerNorm's epsilon and the logit scale.
+    Command R+'s per-head q/k norms come as attn_q_norm tensors; the registry refuses them."""
+    from transformers import Cohere2Config, CohereConfig
+
+    fields = {k: v for k, v in llama_fields(config).items() if k != "rms_norm_eps"}
+    fields.update(layer_norm_eps=float(get("attention.layer_norm_epsilon", 1e-5)),
+                  logit_scale=float(get("logit_scale", 1.0)), tie_word_embeddings=True)
+    if "blk.0.attn_q_norm.weight" in tensors:
+        fields["use_qk_norm"] = True
+    window = get("attention.sliding_window")
+    if not window:
+        return CohereConfig(**fields, architectures=["CohereForCausalLM"])
+    return Cohere2Config(**fields, sliding_window=int(window),
+                         layer_types=_layer_types(get, fields["num_hidden_layers"]),
+                         architectures=["Cohere2ForCausalLM"])
+
+
+# Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
+BUILDERS = {"smollm3": _smollm3, "granite": _granite, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
+            "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere}
