@@ -174,14 +174,15 @@ def test_gpt_oss_computes_on_its_mxfp4_blocks(tmp_path, default_model_dir):
 @pytest.mark.parametrize("model_type, qtype", [("llama", "Q8_0"), ("smollm3", "Q8_0"), ("granite", "Q5_1"),
                                                ("qwen3", "Q8_0"), ("phi3", "Q8_0"), ("gemma3_text", "Q5_0"),
                                                ("qwen2_moe", "Q5_1"), ("mixtral", "Q8_0"), ("olmo3", "Q8_0"),
-                                               ("exaone4", "Q5_1")])
+                                               ("exaone4", "Q5_1"), ("glm4", "Q8_0")])
 def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, written):
     """Llama's q and k rows come interleaved, beside its rope_freqs.weight, and so do SmolLM3's
     and Granite's, filed under their own names with Llama's tensors; Qwen3's are not
     interleaved, and it carries YaRN keys; Phi-3's projections come fused, Gemma 3's MLP is
     GELU, Qwen2-MoE's experts are merged per layer beside a shared expert, Mixtral's q and k
     are interleaved as a Llama's; OLMo 3's and EXAONE 4's converted by llama.cpp's name map
-    alone: each read from the blocks as the dequantized path reads them. Q5_0 is what Q4_K_M files hold where a row is not a multiple of 256 (Gemma 3 270M,
+    alone, and GLM-4's with gate and up fused and q/k rows turned to rotate-half's pairs:
+    each read from the blocks as the dequantized path reads them. Q5_0 is what Q4_K_M files hold where a row is not a multiple of 256 (Gemma 3 270M,
     Qwen2.5 0.5B)."""
     _, gguf = written(model_type, qtype)
     prompts = prompts_for(model_type)
