@@ -22,7 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-CONVERSION = 3  # 2: configs restored by gguf_config; 3: a generation_config.json of its stop tokens
+# 2: configs restored by gguf_config; 3: a generation_config.json of its stop tokens;
+# 4: the split the vocabulary was trained with (gguf_tokenizer)
+CONVERSION = 4
 REST = "-rest"  # the suffix of a directory holding only the tensors that stay dense
 TMP_PREFIX = ".converting-"  # no converted directory's name starts with a dot
 STALE_TMP_S = 3600.0  # a conversion takes seconds to minutes; an hour-old one was killed
@@ -76,13 +78,16 @@ def convert_gguf(gguf: Path, out: Path, blocks: bool = False) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from engine.models import gguf_blocks, gguf_config, gguf_tensors, registry
+    from engine.models import gguf_blocks, gguf_config, gguf_tensors, gguf_tokenizer, registry
 
     keep = (lambda name: not gguf_blocks.on_blocks(name)) if blocks else (lambda name: True)
     with gguf_config.parsed_once():
         config = gguf_config.restore(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
         registry.text_config(config)  # refuses an architecture we cannot serve, before any work
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        fields = gguf_package.GGUFReader(gguf).fields
+        gguf_tokenizer.set_pre_tokenizer(tokenizer, *(fields[k].contents() if k in fields else None
+                                                      for k in ("tokenizer.ggml.pre", "tokenizer.ggml.model")))
         if config.model_type in gguf_tensors.NAMED:  # renamed alone: by llama.cpp's own name map
             tensors = gguf_tensors.convert_named(gguf, gguf_config.file_arch(gguf), config, keep)
         elif gguf_tensors.handles(config):  # files transformers' reader does not convert

@@ -316,3 +316,28 @@ def test_dense_weights_read_from_the_blocks_are_the_fp32_conversions(model_type,
     assert got.keys() == want.keys() and any(name.endswith(".qkv_proj.weight") for name in got)
     assert [name for name in want if got[name].dtype != dtype or not torch.equal(got[name], want[name])] == []
 
+
+
+@pytest.mark.parametrize("pre, text, merge, merged", [
+    ("command-r", " 1", "Ġ1", False),  # Command R, SmolLM, StarCoder: every digit its own piece
+    ("glm4", "12345", "34", False),  # GLM-4 (Llama 3's split): runs of three digits, 123 | 45
+    ("glm4", "(ab", "(a", True),  # ... and one leading mark kept on its word
+])
+def test_a_gguf_vocabulary_is_split_as_it_was_trained(pre, text, merge, merged, tmp_path, default_model_dir):
+    """A BPE vocabulary's merges never cross the pieces its pre-tokenizer cut.
+    transformers' reader knows neither of these splits and cuts GPT-2's way (whole digit
+    runs, marks apart from words), so a merge applies there that the model never saw, or
+    one it saw does not. The engine splits as llama.cpp does for the file's
+    `tokenizer.ggml.pre`; the same vocabulary marked `gpt-2` gets GPT-2's split."""
+    from engine.models import loader
+
+    hf_dir = arch_models.build("llama", tmp_path / "hf", default_model_dir, vocab_size=gguf_files.VOCAB)
+    merges = ("Ġ Ġ", "Ġ 1", "3 4", "( a")
+
+    def pieces(pre_name: str) -> list[str]:
+        path = gguf_files.write(hf_dir, tmp_path / f"{pre_name}.gguf", pre=pre_name, merges=merges)
+        tok = loader.load_tokenizer(loader.resolve(str(path), blocks=True))
+        return tok.convert_ids_to_tokens(tok.encode(text, add_special_tokens=False))
+
+    assert (merge in pieces(pre)) is merged
+    assert (merge in pieces("gpt-2")) is not merged

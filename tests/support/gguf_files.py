@@ -27,33 +27,37 @@ EXPERT_KEYS = {"qwen2_moe": ("num_experts", "moe_intermediate_size"),
                "mixtral": ("num_local_experts", "intermediate_size")}
 
 
-def byte_tokenizer(writer, specials: tuple[str, ...] = (), vocab: int = VOCAB) -> None:
+def byte_tokenizer(writer, specials: tuple[str, ...] = (), vocab: int = VOCAB, pre: str = "default",
+                   merges: tuple[str, ...] = ("\u0120 \u0120",)) -> None:
     """A small byte-level tokenizer: a GGUF's tokenizer is parsed every time the file is
     read, and a real 49k-token one made each read of these files take five seconds.
     `specials` are control tokens after the bytes (a chat format's tags); user-defined
-    tokens fill the rest of `vocab` (scripts/shape_gguf.py pads to a real vocabulary)."""
+    tokens fill the rest of `vocab` (scripts/shape_gguf.py pads to a real vocabulary).
+    `merges` (the reader needs one at least) add their tokens after the bytes; `pre` names
+    the split, as llama.cpp's converter names it."""
     import gguf
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     chars = list(bytes_to_unicode().values())
-    words = chars + ["\u0120\u0120"]  # and one merge, of two spaces: the reader needs some
+    words = chars + [m.replace(" ", "") for m in merges]
     extra = vocab - 3 - len(words) - len(specials)
     tokens = ["<unk>", "<s>", "</s>"] + words + list(specials) + [f"<extra_{i}>" for i in range(extra)]
     types = [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * len(words) \
         + [gguf.TokenType.CONTROL] * len(specials) + [gguf.TokenType.USER_DEFINED] * extra
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges(["\u0120 \u0120"])
+    writer.add_token_merges(list(merges))
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
 
 
 def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None = None,
-          specials: tuple[str, ...] = (), mxfp4_experts: bool = False) -> Path:
+          specials: tuple[str, ...] = (), mxfp4_experts: bool = False, **tokenizer) -> Path:
     """`chat_template` and its `specials` (control tokens) go in the tokenizer, as a chat
-    model's converter writes them; `mxfp4_experts` writes merged experts in GGML's MXFP4."""
+    model's converter writes them; `mxfp4_experts` writes merged experts in GGML's MXFP4;
+    `tokenizer` holds byte_tokenizer's `pre` and `merges`."""
     import gguf
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -131,7 +135,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
             tensors["rope_factors_long.weight"] = torch.tensor(rope["long_factor"], dtype=torch.float32)
             tensors["rope_factors_short.weight"] = torch.tensor(rope["short_factor"], dtype=torch.float32)
     assert config.vocab_size == VOCAB, "build the checkpoint with vocab_size=gguf_files.VOCAB"
-    byte_tokenizer(writer, specials)
+    byte_tokenizer(writer, specials, **tokenizer)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     names = gguf.get_tensor_name_map(arch, layers)
