@@ -59,10 +59,12 @@ class ArchSpec:
     # after each), "post" (OLMo 2: after each, none before), "parallel" (Cohere: one norm,
     # whose output both attention and MLP read, their outputs added to the residual together).
     norms: Literal["pre", "sandwich", "post", "parallel"] = "pre"
-    norm_kind: Literal["rms", "layer"] = "rms"  # Cohere's bias-free LayerNorm
+    # Cohere's bias-free LayerNorm, or torch's LayerNorm with its bias (StarCoder2)
+    norm_kind: Literal["rms", "layer", "layer_bias"] = "rms"
     norm_offset: float = 0.0  # Gemma multiplies by (1 + weight)
     late_cast: bool = False  # the norm's weight multiplies in fp32, rounding after (Gemma, OLMo 2)
-    act: Literal["silu", "gelu_tanh"] = "silu"
+    act: Literal["silu", "gelu_tanh", "gelu", "relu2"] = "silu"
+    gated: bool = True  # down(act(gate) * up); False: down(act(up)) (Arcee, StarCoder2)
     embed_scale: float = 1.0  # Gemma sqrt(hidden), Granite embedding_multiplier
     embed_scale_in_dtype: bool = False  # Gemma rounds the scale to the activation dtype first
     residual_scale: float = 1.0  # Granite residual_multiplier
@@ -85,6 +87,23 @@ class ArchSpec:
         placement of RMSNorms (a late_cast norm's fp32 weight applies before the rounding
         there too), and Cohere's parallel block, whose LayerNorm runs as a module there."""
         return self.norm_kind == "rms" or self.norms == "parallel"
+
+
+# transformers' names of the activations the MLP computes, as ArchSpec names them.
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
+               "gelu": "gelu", "relu2": "relu2"}
+
+
+def activation(config, allowed: tuple[str, ...]) -> str:
+    """The config's `hidden_act` as ArchSpec names it, refused by name where the
+    architecture does not compute it."""
+    from engine.errors import ParamError
+
+    name = getattr(config, "hidden_act", None)
+    if ACTIVATIONS.get(name) not in allowed:
+        raise ParamError("model", f"{config.model_type} with hidden_act {name!r} is not supported "
+                                  f"(supported: {', '.join(k for k, v in ACTIVATIONS.items() if v in allowed)})")
+    return ACTIVATIONS[name]
 
 
 def layer_windows(config, all_layers: bool = False) -> tuple[int, ...]:

@@ -138,7 +138,7 @@ class DecoderForCausalLM(nn.Module):
                     layer.mlp.pack()  # each expert's GEMMs; its router and shared expert pack below
                 continue
             gate_up = layer.mlp.gate_up_proj
-            if layer.mlp.act_name == "silu" and packed_linear.glu_available(gate_up.weight.dtype):
+            if layer.mlp.gated and layer.mlp.act_name == "silu" and packed_linear.glu_available(gate_up.weight.dtype):
                 layer.mlp.gate_up_proj = packed_linear.PackedLinear(gate_up.weight, gate_up.bias, glu=True)
         packed_linear.pack(self.layers)
         if self.last:

@@ -100,8 +100,8 @@ def _hide_misread(reader: Any) -> Any:
 # Architectures whose keys llama.cpp writes as Llama's under their own name, with a few of
 # their own that `restore` reads. transformers' reader knows none of them: within
 # parsed_once it is shown them as `llama`, for the config's common fields and the
-# tokenizer. SmolLM3's and Granite's tensors are Llama's too (q and k interleaved as
-# Llama's) and its reader converts them; the others' are the checkpoint's, renamed, and
+# tokenizer. SmolLM3's, Granite's and Arcee's tensors are Llama's too (q and k interleaved
+# as Llama's) and its reader converts them; the others' are the checkpoint's, renamed, and
 # engine/models/gguf_tensors.py converts them by llama.cpp's own name map.
 AS_LLAMA = tuple(gguf_llama_keyed.BUILDERS)
 

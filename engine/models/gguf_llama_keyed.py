@@ -137,6 +137,28 @@ def _cohere(config: Any, get, tensors: dict[str, Any]) -> Any:
                          architectures=["Cohere2ForCausalLM"])
 
 
+def _arcee(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """Arcee: Llama's tensors and keys with a plain ReLU² MLP, which llama.cpp always
+    computes; biases where the file holds them."""
+    from transformers import ArceeConfig
+
+    return ArceeConfig(**llama_fields(config), hidden_act="relu2", attention_bias="blk.0.attn_q.bias" in tensors,
+                       mlp_bias="blk.0.ffn_up.bias" in tensors, architectures=["ArceeForCausalLM"])
+
+
+def _starcoder2(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """StarCoder2: LayerNorm's epsilon, biases where the file holds them, GELU (tanh, as
+    llama.cpp computes it); its converter writes no window, and llama.cpp attends to the
+    whole context."""
+    from transformers import Starcoder2Config
+
+    fields = {k: v for k, v in llama_fields(config).items() if k != "rms_norm_eps"}
+    return Starcoder2Config(**fields, norm_epsilon=float(get("attention.layer_norm_epsilon", 1e-5)),
+                            use_bias="blk.0.attn_q.bias" in tensors, hidden_act="gelu_pytorch_tanh",
+                            sliding_window=None, architectures=["Starcoder2ForCausalLM"])
+
+
 # Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
-BUILDERS = {"smollm3": _smollm3, "granite": _granite, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
-            "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere}
+BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "olmo2": _olmo, "exaone4": _exaone4,
+            "ernie4_5": _ernie4_5, "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere,
+            "starcoder2": _starcoder2}

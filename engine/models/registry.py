@@ -4,6 +4,7 @@ transformers itself dispatches on."""
 from __future__ import annotations
 
 from engine.errors import ParamError
+from engine.models.arcee import ArceeForCausalLM
 from engine.models.cohere import Cohere2ForCausalLM, CohereForCausalLM
 from engine.models.decoder import DecoderForCausalLM
 from engine.models.gemma2 import Gemma2ForCausalLM
@@ -26,6 +27,7 @@ from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from engine.models.seed_oss import SeedOssForCausalLM
 from engine.models.smollm3 import SmolLM3ForCausalLM
+from engine.models.starcoder2 import Starcoder2ForCausalLM
 
 ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "llama": LlamaForCausalLM,
@@ -47,6 +49,8 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "cohere": CohereForCausalLM,
     "cohere2": Cohere2ForCausalLM,
     "granite": GraniteForCausalLM,
+    "arcee": ArceeForCausalLM,
+    "starcoder2": Starcoder2ForCausalLM,
     "mixtral": MixtralForCausalLM,
     "qwen2_moe": Qwen2MoeForCausalLM,
     "qwen3_moe": Qwen3MoeForCausalLM,

@@ -67,6 +67,8 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]],
             continue
         if module in FUSED:
             target, shard = FUSED[module]
+            if target == "gate_up_proj":  # up alone where the MLP is not gated
+                shard = _pieces(owner, name).index(module)
             name = ".".join(parts[:-2] + [target, leaf])
             param = params[name]
             start, size = _fused_range(owner, target, shard)
@@ -91,7 +93,7 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]],
     if pairs:
         name, got = next(iter(pairs.items()))
         raise ValueError(f"{name}_{'scales' if 'blocks' in got else 'blocks'} is missing: MXFP4 tensors come in pairs")
-    _check_complete({n: p for n, p in params.items() if absent is None or not absent(n)}, loaded, model.headless)
+    _check_complete(model, {n: p for n, p in params.items() if absent is None or not absent(n)}, loaded)
 
 
 def _module(model: DecoderForCausalLM, path: str, name: str):
@@ -286,11 +288,20 @@ def _fused_range(owner, target: str, shard: int) -> tuple[int, int]:
     if target == "qkv_proj":
         sizes = [owner.q_size, owner.kv_size, owner.kv_size]
     else:
-        sizes = [owner.inter] * 2
+        sizes = [owner.inter] * len(owner.pieces)
     return sum(sizes[:shard]), sizes[shard]
 
 
-def _check_complete(params: dict[str, torch.Tensor], loaded: set[str], headless: bool = False) -> None:
+def _pieces(owner, name: str) -> tuple[str, ...]:
+    """The checkpoint tensors an MLP's first GEMM holds; a gate for a plain MLP is the
+    checkpoint's error, naming the tensor."""
+    pieces = getattr(owner, "pieces", ("gate_proj", "up_proj"))
+    if name.split(".")[-2] not in pieces:
+        raise ValueError(f"unexpected weight {name!r} in checkpoint: this architecture's MLP has no gate")
+    return pieces
+
+
+def _check_complete(model: DecoderForCausalLM, params: dict[str, torch.Tensor], loaded: set[str]) -> None:
     """Every parameter loaded; a headless model's (sequence classification) LM head excepted."""
     expected = set()
     for name in params:
@@ -298,14 +309,14 @@ def _check_complete(params: dict[str, torch.Tensor], loaded: set[str], headless:
         if leaf == "qkv_proj":
             expected |= {f"{name}#{i}" for i in range(3)}
         elif leaf == "gate_up_proj":
-            expected |= {f"{name}#{i}" for i in range(2)}
+            expected |= {f"{name}#{i}" for i in range(len(model.get_submodule(name.rsplit(".", 2)[0]).pieces))}
         elif name.endswith(".experts_gate_up"):
             expected |= {f"{name}#{e}.{i}" for e in range(params[name].shape[0]) for i in range(2)}
         elif name.endswith(".experts_down"):
             expected |= {f"{name}#{e}" for e in range(params[name].shape[0])}
         else:
             expected.add(name)
-    if headless:
+    if model.headless:
         expected.discard("lm_head.weight")
     missing = sorted(expected - loaded)
     if missing:

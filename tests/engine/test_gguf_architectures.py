@@ -59,6 +59,8 @@ GGUF_OVERRIDES = {
     "cohere": dict(),
     # llama.cpp's Command R7B: every fourth layer global, as the config's default has it.
     "cohere2": dict(num_hidden_layers=4, layer_types=None),
+    "arcee": dict(),
+    "starcoder2": dict(sliding_window=None),  # its converter writes no window
 }
 
 
@@ -174,7 +176,8 @@ def test_gpt_oss_computes_on_its_mxfp4_blocks(tmp_path, default_model_dir):
 @pytest.mark.parametrize("model_type, qtype", [("llama", "Q8_0"), ("smollm3", "Q8_0"), ("granite", "Q5_1"),
                                                ("qwen3", "Q8_0"), ("phi3", "Q8_0"), ("gemma3_text", "Q5_0"),
                                                ("qwen2_moe", "Q5_1"), ("mixtral", "Q8_0"), ("olmo3", "Q8_0"),
-                                               ("exaone4", "Q5_1"), ("glm4", "Q8_0")])
+                                               ("exaone4", "Q5_1"), ("glm4", "Q8_0"),
+                                               ("arcee", "Q8_0"), ("starcoder2", "Q8_0")])
 def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, written):
     """Llama's q and k rows come interleaved, beside its rope_freqs.weight, and so do SmolLM3's
     and Granite's, filed under their own names with Llama's tensors; Qwen3's are not

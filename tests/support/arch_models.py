@@ -56,6 +56,11 @@ ARCHS: dict[str, dict] = {
     # Local layers windowed and rotated, the global one neither (NoPE); q/k norms, post norms.
     "exaone4": dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                     tie_word_embeddings=False),
+    # Plain MLPs (no gate): Arcee's ReLU² with biases, StarCoder2's GELU with LayerNorm biases
+    # and a window on every layer.
+    "arcee": dict(hidden_act="relu2", mlp_bias=True, attention_bias=True, tie_word_embeddings=False),
+    "starcoder2": dict(hidden_act="gelu_pytorch_tanh", use_bias=True, norm_epsilon=1e-5, sliding_window=WINDOW,
+                       tie_word_embeddings=True),
     "granite": dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.05,
                     logits_scaling=8.0, attention_bias=True),
     # Mixtures of experts: 4 experts, top 2; a dense layer among Qwen3-MoE's; Qwen2-MoE's shared expert.

@@ -16,7 +16,7 @@ import torch
 GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen2": "QWEN2", "qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3",
              "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gpt_oss": "GPT_OSS", "mixtral": "LLAMA",
              "olmo2": "OLMO2", "olmo3": "OLMO2", "exaone4": "EXAONE4", "ernie4_5": "ERNIE4_5", "glm4": "GLM4",
-             "cohere": "COMMAND_R", "cohere2": "COHERE2"}
+             "cohere": "COMMAND_R", "cohere2": "COHERE2", "arcee": "ARCEE", "starcoder2": "STARCODER2"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -77,6 +77,8 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     if config.model_type in ("cohere", "cohere2"):  # LayerNorm, and a logit scale
         writer.add_layer_norm_eps(config.layer_norm_eps)
         writer.add_logit_scale(config.logit_scale)
+    elif config.model_type == "starcoder2":
+        writer.add_layer_norm_eps(config.norm_epsilon)
     else:
         writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
@@ -105,7 +107,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     elif config.model_type != "phi3":  # Phi-3's LongRoPE below
         tensors.update(_rope_scaling(writer, rope, head_dim))
-    if config.model_type in ("llama", "smollm3", "granite"):  # llama.cpp's Llama family
+    if config.model_type in ("llama", "smollm3", "granite", "arcee"):  # llama.cpp's Llama family
         tensors = _llama_permuted(tensors, config)
     if config.model_type == "granite":  # its multipliers as llama.cpp names them
         writer.add_attention_scale(config.attention_multiplier)

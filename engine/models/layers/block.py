@@ -39,6 +39,7 @@ class Flat:
     o: Callable[[torch.Tensor], torch.Tensor]
     gate_up: Callable[[torch.Tensor], torch.Tensor] | None  # None on an expert layer
     glu: bool  # gate_up returns silu(gate) * up itself
+    gated: bool  # False: gate_up is up alone, and the MLP is down(act(up))
     act: Callable[[torch.Tensor], torch.Tensor] | None  # None: the native silu-mul
     inter: int
     down: Callable[[torch.Tensor], torch.Tensor] | None
@@ -65,7 +66,7 @@ class DecoderLayer(nn.Module):
         if spec.moe is not None and layer in spec.moe.layers:
             self.mlp: MLP | SparseMoE = SparseMoE(config.hidden_size, spec.moe, spec.act, tp)
         else:
-            self.mlp = MLP(config.hidden_size, config.intermediate_size, spec.act, spec.mlp_bias, tp)
+            self.mlp = MLP(config.hidden_size, config.intermediate_size, spec.act, spec.mlp_bias, tp, spec.gated)
         if spec.norms != "post":
             self.input_layernorm = hidden_norm(config, spec)
         if spec.norms != "parallel":
@@ -116,7 +117,8 @@ class DecoderLayer(nn.Module):
             qkv=attn.qkv_proj.forward, qk_norm=qk_norm, qk_eps=attn.q_norm.eps if qk_norm is not None else 0.0,
             qk_all=(attn.q_norm.forward, attn.k_norm.forward) if attn.qk_norm == "all" else None,
             o=attn.o_proj.forward, gate_up=None if moe else mlp.gate_up_proj.forward, glu=not moe and mlp.glu,
-            act=None if moe or mlp.act_name == "silu" else mlp.act, inter=mlp.inter,
+            gated=moe or mlp.gated, act=None if moe or (mlp.gated and mlp.act_name == "silu") else mlp.act,
+            inter=mlp.inter,
             down=None if moe else mlp.down_proj.forward, experts=mlp.forward if moe else None,
             heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
             q_size=attn.q_size, v_at=attn.q_size + attn.kv_size, scale=attn.scale, window=attn.window,
@@ -175,7 +177,9 @@ class DecoderLayer(nn.Module):
             out = f.experts(x)
             return residual, (out * f.residual_scale if f.residual_scale != 1.0 else out)
         up = f.gate_up(x)
-        if f.glu:
+        if not f.gated:
+            out = f.down(f.act(up))
+        elif f.glu:
             out = f.down(up)
         elif f.act is None:
             out = f.down(f.ops.silu_mul(up))

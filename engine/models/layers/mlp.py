@@ -1,4 +1,5 @@
-"""The gated MLP every supported architecture uses: down(act(gate) * up)."""
+"""The MLP of every dense architecture: gated, down(act(gate) * up), or plain, down(act(up))
+(Arcee's ReLU², StarCoder2's GELU)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,27 @@ from torch import nn
 
 from engine import parallel
 
-ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu,
+               "relu2": lambda x: torch.square(F.relu(x))}
 
 
 class MLP(nn.Module):
-    """Column-parallel gate/up over this rank's slice of the intermediate size, row-parallel down."""
+    """Column-parallel gate/up over this rank's slice of the intermediate size, row-parallel
+    down. `gate_up_proj` is the first GEMM: gate and up stacked, or up alone where the MLP
+    is not gated, so that every path that packs, quantizes or reads a GGUF's blocks into
+    it treats both kinds alike; `pieces` says which checkpoint tensors it holds."""
 
-    def __init__(self, hidden: int, intermediate: int, act: str, bias: bool, tp: parallel.Group) -> None:
+    def __init__(self, hidden: int, intermediate: int, act: str, bias: bool, tp: parallel.Group,
+                 gated: bool = True) -> None:
         super().__init__()
         self.tp = tp
         self.act_name = act
         self.act = ACTIVATIONS[act]
+        self.gated = gated
+        self.pieces = ("gate_proj", "up_proj") if gated else ("up_proj",)
         self.inter_range = parallel.split(intermediate, tp.size, tp.rank)
         self.inter = self.inter_range[1] - self.inter_range[0]
-        self.gate_up_proj = nn.Linear(hidden, 2 * self.inter, bias=bias)
+        self.gate_up_proj = nn.Linear(hidden, len(self.pieces) * self.inter, bias=bias)
         self.down_proj = nn.Linear(self.inter, hidden, bias=bias)
 
     @property
@@ -30,6 +38,8 @@ class MLP(nn.Module):
         return bool(getattr(self.gate_up_proj, "glu", False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.gated:
+            return self.tp.all_reduce(self.down_proj(self.act(self.gate_up_proj(x))))
         if self.glu:
             return self.tp.all_reduce(self.down_proj(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)

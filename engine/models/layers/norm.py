@@ -1,4 +1,5 @@
-"""RMSNorm, in the forms checkpoints use, and Cohere's bias-free LayerNorm."""
+"""RMSNorm, in the forms checkpoints use, Cohere's bias-free LayerNorm, and torch's own
+LayerNorm with its bias (StarCoder2)."""
 
 from __future__ import annotations
 
@@ -52,8 +53,10 @@ class LayerNorm(nn.Module):
         return (self.weight.float() * h).to(x.dtype)
 
 
-def hidden_norm(config, spec) -> RMSNorm | LayerNorm:
+def hidden_norm(config, spec) -> RMSNorm | LayerNorm | nn.LayerNorm:
     """A norm over the hidden size, of the kind and form the architecture uses."""
     if spec.norm_kind == "layer":
         return LayerNorm(config.hidden_size, config.layer_norm_eps)
+    if spec.norm_kind == "layer_bias":  # torch's, as the reference builds it (fp32 inside, in every dtype)
+        return nn.LayerNorm(config.hidden_size, eps=config.norm_epsilon)
     return RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset, spec.late_cast)
