@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import parallel
+from engine.errors import ParamError
 from engine.models import packed_linear
-from engine.models.arch import ArchSpec
+from engine.models.arch import ACTIVATIONS, ArchSpec
 from engine.models.layers import rotary
 from engine.models.layers.attention import AttnMetadata
 from engine.models.layers.block import DecoderLayer
@@ -44,6 +45,18 @@ def kv_block_bytes(config, block_size: int, dtype: torch.dtype, tp: int = 1, pp:
     heads = parallel.max_kv_heads(config, tp)
     layers = layers_per_block or parallel.max_layers(config.num_hidden_layers, pp)
     return 2 * layers * block_size * heads * head_dim(config) * elem
+
+
+def _check_activation(config, spec: ArchSpec) -> None:
+    """A config whose `hidden_act` is not the activation the architecture computes is
+    refused by name: a Llama-shaped checkpoint trained with GELU served with SiLU gives
+    other tokens and no error. (Gemma's configs name theirs in `hidden_activation`.)"""
+    name = getattr(config, "hidden_act", None)
+    if name is None or getattr(config, "hidden_activation", None) is not None:
+        return
+    if ACTIVATIONS.get(name) != spec.act:
+        raise ParamError("model", f"{config.model_type} with hidden_act {name!r} is not supported: "
+                                  f"this architecture computes {spec.act}")
 
 
 class DecoderForCausalLM(nn.Module):
@@ -74,6 +87,7 @@ class DecoderForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.arch = spec = self.spec(config)
+        _check_activation(config, spec)
         self.dist = dist = dist or parallel.single()
         layout, tp = dist.layout, dist.tp
         self.first, self.last = layout.first, layout.last

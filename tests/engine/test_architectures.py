@@ -59,6 +59,15 @@ def test_architecture_matches_transformers(model_type, backend, arch_dir):
     assert stats.blocks_free == stats.blocks_total
 
 
+def test_an_activation_the_architecture_does_not_compute_is_refused_by_name(tmp_path, default_model_dir):
+    """A Llama-shaped checkpoint trained with GELU, served with Llama's SiLU, would give
+    other tokens and no error."""
+    path = arch_models.build("llama", tmp_path / "gelu", default_model_dir, hidden_act="gelu")
+    with pytest.raises(ParamError) as e:
+        LLM(str(path), dtype="float32", max_model_len=64)
+    assert e.value.param == "model" and "hidden_act 'gelu'" in str(e.value)
+
+
 def test_an_unknown_architecture_is_refused_by_name():
     from transformers import AutoConfig
 
