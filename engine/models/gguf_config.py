@@ -99,11 +99,13 @@ def _hide_misread(reader: Any) -> Any:
 
 # Architectures whose keys llama.cpp writes as Llama's under their own name, with a few of
 # their own that `restore` reads. transformers' reader knows none of them: within
-# parsed_once it is shown them as `llama`, for the config's common fields and the
-# tokenizer. SmolLM3's, Granite's and Arcee's tensors are Llama's too (q and k interleaved
-# as Llama's) and its reader converts them; the others' are the checkpoint's, renamed, and
+# parsed_once it is shown them as `llama` (Gemma's as `gemma2`, whose SentencePiece
+# tokenizer it builds the same way), for the config's common fields and the tokenizer.
+# SmolLM3's, Granite's and Arcee's tensors are Llama's too (q and k interleaved as Llama's)
+# and its reader converts them; the others' are the checkpoint's, renamed, and
 # engine/models/gguf_tensors.py converts them by llama.cpp's own name map.
 AS_LLAMA = tuple(gguf_llama_keyed.BUILDERS)
+SHOWN_AS = {"gemma": "gemma2"}  # the rest as `llama`
 
 
 def _as_llama(reader: Any) -> Any:
@@ -112,10 +114,11 @@ def _as_llama(reader: Any) -> Any:
     if arch not in AS_LLAMA:
         return reader
     reader.true_arch = arch
+    shown = SHOWN_AS.get(arch, "llama")
     for key in [k for k in reader.fields if k.startswith(arch + ".")]:
-        reader.fields["llama" + key[len(arch):]] = reader.fields[key]
+        reader.fields[shown + key[len(arch):]] = reader.fields[key]
     parts, at = list(field.parts), field.data[0]
-    parts[at - 1], parts[at] = np.array([5], dtype=np.uint64), np.frombuffer(b"llama", dtype=np.uint8)
+    parts[at - 1], parts[at] = np.array([len(shown)], dtype=np.uint64), np.frombuffer(shown.encode(), dtype=np.uint8)
     reader.fields["general.architecture"] = field._replace(parts=parts)
     return reader
 

@@ -158,7 +158,14 @@ def _starcoder2(config: Any, get, tensors: dict[str, Any]) -> Any:
                             sliding_window=None, architectures=["Starcoder2ForCausalLM"])
 
 
+def _gemma(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """Gemma (1): the common fields of the Gemma 2 config its keys were read as."""
+    from transformers import GemmaConfig
+
+    return GemmaConfig(**llama_fields(config), hidden_act="gelu_pytorch_tanh", architectures=["GemmaForCausalLM"])
+
+
 # Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
-BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "olmo2": _olmo, "exaone4": _exaone4,
+BUILDERS = {"gemma": _gemma, "smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "olmo2": _olmo, "exaone4": _exaone4,
             "ernie4_5": _ernie4_5, "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere,
             "starcoder2": _starcoder2}

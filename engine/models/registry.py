@@ -7,6 +7,7 @@ from engine.errors import ParamError
 from engine.models.arcee import ArceeForCausalLM
 from engine.models.cohere import Cohere2ForCausalLM, CohereForCausalLM
 from engine.models.decoder import DecoderForCausalLM
+from engine.models.gemma import GemmaForCausalLM
 from engine.models.gemma2 import Gemma2ForCausalLM
 from engine.models.ernie4_5 import Ernie4_5ForCausalLM
 from engine.models.exaone4 import Exaone4ForCausalLM
@@ -35,6 +36,7 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "ministral": MinistralForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
+    "gemma": GemmaForCausalLM,
     "gemma2": Gemma2ForCausalLM,
     "gemma3_text": Gemma3ForCausalLM,
     "phi3": Phi3ForCausalLM,

@@ -34,6 +34,7 @@ GGUF_OVERRIDES = {
     "granite": dict(attention_bias=False),  # llama.cpp's Granite carries no biases
     "qwen2": dict(use_sliding_window=False, sliding_window=None),
     "qwen3": dict(use_sliding_window=False, sliding_window=None),  # with its YaRN
+    "gemma": dict(),
     "gemma2": dict(query_pre_attn_scalar=16),
     "gemma3_text": dict(query_pre_attn_scalar=16, rope_local_base_freq=10000.0, layer_types=None,
                         num_hidden_layers=6),

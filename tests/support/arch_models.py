@@ -22,6 +22,7 @@ ARCHS: dict[str, dict] = {
     "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, tie_word_embeddings=True),
     "qwen3": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, head_dim=32,
                   rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    "gemma": dict(head_dim=16, hidden_act="gelu_pytorch_tanh"),
     "gemma2": dict(sliding_window=WINDOW, head_dim=16, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
                    final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh"),
     "gemma3_text": dict(sliding_window=WINDOW, head_dim=16, query_pre_attn_scalar=24, rope_local_base_freq=100.0,
@@ -86,7 +87,7 @@ ARCHS: dict[str, dict] = {
 # Attention projections scaled up, so that the scores are far from uniform: gpt-oss's sinks,
 # SmolLM3's NoPE layer and the adjacent-pair rotary of GLM and ERNIE change the tokens if
 # the engine gets them wrong (at the initial scale every position weighs about the same).
-SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2")
+SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2", "gemma")
 
 
 def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:

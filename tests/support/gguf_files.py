@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen2": "QWEN2", "qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3",
+GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen2": "QWEN2", "qwen3": "QWEN3", "gemma": "GEMMA", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3",
              "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gpt_oss": "GPT_OSS", "mixtral": "LLAMA",
              "olmo2": "OLMO2", "olmo3": "OLMO2", "exaone4": "EXAONE4", "ernie4_5": "ERNIE4_5", "glm4": "GLM4",
              "cohere": "COMMAND_R", "cohere2": "COHERE2", "arcee": "ARCEE", "starcoder2": "STARCODER2"}
@@ -148,7 +148,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
             gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             assert gguf_name is not None, hf_name
         data = tensor.float()
-        if config.model_type in ("gemma2", "gemma3_text") and hf_name.endswith("norm.weight"):
+        if config.model_type in ("gemma", "gemma2", "gemma3_text") and hf_name.endswith("norm.weight"):
             data = data + 1  # the converter stores Gemma's (1 + w)
         if hf_name.endswith("shared_expert_gate.weight"):
             data = data.squeeze(0)  # llama.cpp reads ffn_gate_inp_shexp as [hidden]
