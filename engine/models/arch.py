@@ -59,7 +59,7 @@ class ArchSpec:
     # after each), "post" (OLMo 2: after each, none before), "parallel" (Cohere: one norm,
     # whose output both attention and MLP read, their outputs added to the residual together).
     norms: Literal["pre", "sandwich", "post", "parallel"] = "pre"
-    # Cohere's bias-free LayerNorm, or torch's LayerNorm with its bias (StarCoder2)
+    # Cohere's bias-free LayerNorm, or torch's LayerNorm with its bias (StarCoder2, Nemotron)
     norm_kind: Literal["rms", "layer", "layer_bias"] = "rms"
     norm_offset: float = 0.0  # Gemma multiplies by (1 + weight)
     late_cast: bool = False  # the norm's weight multiplies in fp32, rounding after (Gemma, OLMo 2)

@@ -128,7 +128,7 @@ def projections(model: Any, found: dict[str, Any], config: Any
 
     first, _end = model.layer_range
     table = dict(GGUF_FUSED_PARTS if f"blk.{first}.attn_qkv.weight" in found else GGUF_PARTS)
-    if f"blk.{first}.ffn_gate.weight" not in found:  # GLM-4's gate and up come fused, as Phi-3's
+    if f"blk.{first}.ffn_gate.weight" not in found:  # gate and up fused (GLM-4, as Phi-3), or no gate (Arcee)
         table["mlp.gate_up_proj"] = GGUF_FUSED_PARTS["mlp.gate_up_proj"]
     orders = _qk_orders(model, config)
     for i, layer in enumerate(model.layers):

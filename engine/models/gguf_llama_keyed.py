@@ -66,7 +66,7 @@ def _smollm3(config: Any, get, tensors: dict[str, Any]) -> Any:
 
 def _partial_rotary(config: Any, get) -> None:
     """The rotary width llama.cpp writes (`rope.dimension_count`) as the config's fraction of
-    a head, where it is not the whole head (GLM-4 turns half or a quarter of each)."""
+    a head, where it is not the whole head (GLM-4 turns half or a quarter of each, Nemotron half)."""
     turned, head_dim = get("rope.dimension_count"), rotary.head_dim(config)
     if turned and int(turned) != head_dim:
         config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": int(turned) / head_dim}
@@ -165,7 +165,19 @@ def _gemma(config: Any, get, tensors: dict[str, Any]) -> Any:
     return GemmaConfig(**llama_fields(config), hidden_act="gelu_pytorch_tanh", architectures=["GemmaForCausalLM"])
 
 
+def _nemotron(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """Nemotron: LayerNorm's epsilon, its partial rotary, ReLU² (which llama.cpp always
+    computes), biases where the file holds them."""
+    from transformers import NemotronConfig
+
+    _partial_rotary(config, get)
+    fields = {k: v for k, v in llama_fields(config).items() if k != "rms_norm_eps"}
+    return NemotronConfig(**fields, norm_eps=float(get("attention.layer_norm_epsilon", 1e-5)), hidden_act="relu2",
+                          attention_bias="blk.0.attn_q.bias" in tensors, mlp_bias="blk.0.ffn_up.bias" in tensors,
+                          architectures=["NemotronForCausalLM"])
+
+
 # Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
-BUILDERS = {"gemma": _gemma, "smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "olmo2": _olmo, "exaone4": _exaone4,
+BUILDERS = {"gemma": _gemma, "nemotron": _nemotron, "smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "olmo2": _olmo, "exaone4": _exaone4,
             "ernie4_5": _ernie4_5, "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere,
             "starcoder2": _starcoder2}

@@ -20,6 +20,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.ministral import MinistralForCausalLM
 from engine.models.mistral import MistralForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
+from engine.models.nemotron import NemotronForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
@@ -53,6 +54,7 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "granite": GraniteForCausalLM,
     "arcee": ArceeForCausalLM,
     "starcoder2": Starcoder2ForCausalLM,
+    "nemotron": NemotronForCausalLM,
     "mixtral": MixtralForCausalLM,
     "qwen2_moe": Qwen2MoeForCausalLM,
     "qwen3_moe": Qwen3MoeForCausalLM,

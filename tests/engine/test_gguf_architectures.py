@@ -62,6 +62,7 @@ GGUF_OVERRIDES = {
     "cohere2": dict(num_hidden_layers=4, layer_types=None),
     "arcee": dict(),
     "starcoder2": dict(sliding_window=None),  # its converter writes no window
+    "nemotron": dict(partial_rotary_factor=0.25),  # not the config's default half: the file's must be read
 }
 
 

@@ -62,6 +62,9 @@ ARCHS: dict[str, dict] = {
     "arcee": dict(hidden_act="relu2", mlp_bias=True, attention_bias=True, tie_word_embeddings=False),
     "starcoder2": dict(hidden_act="gelu_pytorch_tanh", use_bias=True, norm_epsilon=1e-5, sliding_window=WINDOW,
                        tie_word_embeddings=True),
+    # Nemotron's LayerNorm1P (bias, 1 + w), ReLU² without a gate, rotary on half of each head.
+    "nemotron": dict(hidden_act="relu2", norm_eps=1e-5, partial_rotary_factor=0.5, attention_bias=True,
+                     tie_word_embeddings=False),
     "granite": dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.05,
                     logits_scaling=8.0, attention_bias=True),
     # Mixtures of experts: 4 experts, top 2; a dense layer among Qwen3-MoE's; Qwen2-MoE's shared expert.
@@ -87,7 +90,7 @@ ARCHS: dict[str, dict] = {
 # Attention projections scaled up, so that the scores are far from uniform: gpt-oss's sinks,
 # SmolLM3's NoPE layer and the adjacent-pair rotary of GLM and ERNIE change the tokens if
 # the engine gets them wrong (at the initial scale every position weighs about the same).
-SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2", "gemma")
+SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2", "gemma", "nemotron")
 
 
 def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:

@@ -16,7 +16,8 @@ import torch
 GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen2": "QWEN2", "qwen3": "QWEN3", "gemma": "GEMMA", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3",
              "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gpt_oss": "GPT_OSS", "mixtral": "LLAMA",
              "olmo2": "OLMO2", "olmo3": "OLMO2", "exaone4": "EXAONE4", "ernie4_5": "ERNIE4_5", "glm4": "GLM4",
-             "cohere": "COMMAND_R", "cohere2": "COHERE2", "arcee": "ARCEE", "starcoder2": "STARCODER2"}
+             "cohere": "COMMAND_R", "cohere2": "COHERE2", "arcee": "ARCEE", "starcoder2": "STARCODER2",
+             "nemotron": "NEMOTRON"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -79,6 +80,9 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_logit_scale(config.logit_scale)
     elif config.model_type == "starcoder2":
         writer.add_layer_norm_eps(config.norm_epsilon)
+    elif config.model_type == "nemotron":  # LayerNorm, and its partial rotary in dims
+        writer.add_layer_norm_eps(config.norm_eps)
+        writer.add_rope_dimension_count(int(head_dim * config.rope_parameters["partial_rotary_factor"]))
     else:
         writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
@@ -148,8 +152,8 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
             gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             assert gguf_name is not None, hf_name
         data = tensor.float()
-        if config.model_type in ("gemma", "gemma2", "gemma3_text") and hf_name.endswith("norm.weight"):
-            data = data + 1  # the converter stores Gemma's (1 + w)
+        if config.model_type in ("gemma", "gemma2", "gemma3_text", "nemotron") and hf_name.endswith("norm.weight"):
+            data = data + 1  # the converter stores Gemma's and Nemotron's (1 + w)
         if hf_name.endswith("shared_expert_gate.weight"):
             data = data.squeeze(0)  # llama.cpp reads ffn_gate_inp_shexp as [hidden]
         if gguf_name.endswith("attn_sinks"):

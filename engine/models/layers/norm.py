@@ -1,9 +1,10 @@
 """RMSNorm, in the forms checkpoints use, Cohere's bias-free LayerNorm, and torch's own
-LayerNorm with its bias (StarCoder2)."""
+LayerNorm with its bias (StarCoder2; Nemotron's with a (1 + w) weight)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -53,10 +54,24 @@ class LayerNorm(nn.Module):
         return (self.weight.float() * h).to(x.dtype)
 
 
-def hidden_norm(config, spec) -> RMSNorm | LayerNorm | nn.LayerNorm:
+class BiasLayerNorm(nn.LayerNorm):
+    """torch's LayerNorm (fp32 inside, in every dtype) as the references call it, with the
+    weight plus `offset` (Nemotron's LayerNorm1P: 1 + w)."""
+
+    def __init__(self, size: int, eps: float, offset: float = 0.0) -> None:
+        super().__init__(size, eps=eps)
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight + self.offset if self.offset else self.weight
+        return F.layer_norm(x, self.normalized_shape, weight, self.bias, self.eps)
+
+
+def hidden_norm(config, spec) -> RMSNorm | LayerNorm | BiasLayerNorm:
     """A norm over the hidden size, of the kind and form the architecture uses."""
     if spec.norm_kind == "layer":
         return LayerNorm(config.hidden_size, config.layer_norm_eps)
-    if spec.norm_kind == "layer_bias":  # torch's, as the reference builds it (fp32 inside, in every dtype)
-        return nn.LayerNorm(config.hidden_size, eps=config.norm_epsilon)
+    if spec.norm_kind == "layer_bias":  # StarCoder2's norm_epsilon, Nemotron's norm_eps
+        eps = getattr(config, "norm_epsilon", None) or config.norm_eps
+        return BiasLayerNorm(config.hidden_size, eps, spec.norm_offset)
     return RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset, spec.late_cast)
