@@ -177,7 +177,17 @@ def _nemotron(config: Any, get, tensors: dict[str, Any]) -> Any:
                           architectures=["NemotronForCausalLM"])
 
 
+def _olmoe(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """OLMoE: its experts' count, how many a token takes, and their size (the file's
+    feed-forward length); llama.cpp does not renormalise the top-k, as OLMoE's configs do not."""
+    from transformers import OlmoeConfig
+
+    return OlmoeConfig(**llama_fields(config), num_experts=int(get("expert_count")),
+                       num_experts_per_tok=int(get("expert_used_count")), norm_topk_prob=False,
+                       attention_bias="blk.0.attn_q.bias" in tensors, architectures=["OlmoeForCausalLM"])
+
+
 # Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
-BUILDERS = {"gemma": _gemma, "nemotron": _nemotron, "smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "olmo2": _olmo, "exaone4": _exaone4,
+BUILDERS = {"gemma": _gemma, "nemotron": _nemotron, "olmoe": _olmoe, "smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "olmo2": _olmo, "exaone4": _exaone4,
             "ernie4_5": _ernie4_5, "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere,
             "starcoder2": _starcoder2}

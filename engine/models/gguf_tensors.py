@@ -3,7 +3,7 @@ transformers' GGUF reader does not convert: gpt-oss (experts in MXFP4, biases, a
 sinks), Mixtral (which llama.cpp files as `llama` with each layer's experts merged), and
 those whose tensors llama.cpp's converter only renames (`NAMED`: Gemma, Nemotron, OLMo 2
 and 3, EXAONE 4, ERNIE 4.5, GLM-4, Command R and R7B, StarCoder2), Gemma's and Nemotron's
-norms stored as 1 + w.
+norms stored as 1 + w, and OLMoE's experts merged per layer.
 
 Each tensor is dequantized by the gguf package (MXFP4 included) and renamed as
 llama.cpp's converter named it; the experts come out stacked per layer in the layout the
@@ -45,7 +45,7 @@ GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight"
 OWN = ("gpt_oss", "mixtral")  # the model types this module converts by its own tables
 # ... and those whose tensors the converter renamed by the gguf package's name map and
 # left otherwise as the checkpoint holds them (no q/k interleaving, no merged experts).
-NAMED = ("gemma", "nemotron", "olmo2", "olmo3", "exaone4", "ernie4_5", "glm4", "cohere", "cohere2", "starcoder2")
+NAMED = ("gemma", "nemotron", "olmoe", "olmo2", "olmo3", "exaone4", "ernie4_5", "glm4", "cohere", "cohere2", "starcoder2")
 # What the converter added to a norm's weight: Gemma's and Nemotron's (1 + w) are stored whole.
 NORM_ADDED = {"gemma": 1.0, "nemotron": 1.0}
 
@@ -71,15 +71,22 @@ def convert_named(path: Path, arch: str, config: Any, keep: Callable[[str], bool
         if gguf_name is not None:
             theirs.setdefault(gguf_name, hf_name)
     out: dict[str, torch.Tensor] = {}
+    experts: dict[tuple[int, str], torch.Tensor] = {}
     for t in gguf.GGUFReader(path).tensors:
         if t.name == "rope_freqs.weight" or not keep(t.name):  # the divisors are in the config's rope scaling
             continue
-        if t.name not in theirs:
+        merged = re.fullmatch(r"blk\.(\d+)\.(ffn_(?:gate|up|down)_exps\.weight)", t.name)
+        if t.name not in theirs and merged is None:
             raise ValueError(f"unexpected GGUF tensor {t.name!r} for {config.model_type}")
         data = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+        if merged is not None:  # a layer's experts, merged as Qwen's and Mixtral's (OLMoE)
+            experts[int(merged[1]), merged[2]] = data
+            continue
         if theirs[t.name].endswith("norm.weight") and config.model_type in NORM_ADDED:
             data -= NORM_ADDED[config.model_type]
         out[theirs[t.name]] = data
+    for i in sorted({i for i, _ in experts}):
+        out.update(_experts(config, i, experts, True))
     return out
 
 
@@ -133,7 +140,7 @@ def _experts(config: Any, i: int, experts: dict[tuple[int, str], torch.Tensor], 
     out = {}
     if weights:
         gate, up, down = (take(f"{name}.weight") for name in GGUF_EXPERTS)
-        if config.model_type == "mixtral":
+        if config.model_type != "gpt_oss":  # transformers 5's stacked Linear layout (Mixtral, OLMoE)
             return {prefix + "gate_up_proj": torch.cat((gate, up), dim=1), prefix + "down_proj": down}
         # gpt-oss: x @ W with gate and up interleaved column by column, and their biases likewise
         out = {prefix + "gate_up_proj": torch.stack((gate, up), dim=2).flatten(1, 2).transpose(1, 2).contiguous(),

@@ -22,6 +22,7 @@ from engine.models.mistral import MistralForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
 from engine.models.nemotron import NemotronForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
+from engine.models.olmoe import OlmoeForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen2_moe import Qwen2MoeForCausalLM
@@ -60,6 +61,7 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "qwen3_moe": Qwen3MoeForCausalLM,
     "gpt_oss": GptOssForCausalLM,
     "granitemoe": GraniteMoeForCausalLM,
+    "olmoe": OlmoeForCausalLM,
 }
 # Multimodal configs whose language model we serve: their text config is the model's.
 TEXT_OF = {"gemma3": "gemma3_text"}

@@ -63,6 +63,7 @@ GGUF_OVERRIDES = {
     "arcee": dict(),
     "starcoder2": dict(sliding_window=None),  # its converter writes no window
     "nemotron": dict(partial_rotary_factor=0.25),  # not the config's default half: the file's must be read
+    "olmoe": dict(intermediate_size=64),  # whole 32-value blocks
 }
 
 
@@ -179,7 +180,7 @@ def test_gpt_oss_computes_on_its_mxfp4_blocks(tmp_path, default_model_dir):
                                                ("qwen3", "Q8_0"), ("phi3", "Q8_0"), ("gemma3_text", "Q5_0"),
                                                ("qwen2_moe", "Q5_1"), ("mixtral", "Q8_0"), ("olmo3", "Q8_0"),
                                                ("exaone4", "Q5_1"), ("glm4", "Q8_0"),
-                                               ("arcee", "Q8_0"), ("starcoder2", "Q8_0")])
+                                               ("arcee", "Q8_0"), ("starcoder2", "Q8_0"), ("olmoe", "Q8_0")])
 def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, written):
     """Llama's q and k rows come interleaved, beside its rope_freqs.weight, and so do SmolLM3's
     and Granite's, filed under their own names with Llama's tensors; Qwen3's are not

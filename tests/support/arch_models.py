@@ -73,6 +73,9 @@ ARCHS: dict[str, dict] = {
                       decoder_sparse_step=1, mlp_only_layers=[1], tie_word_embeddings=True),
     "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=False,
                       shared_expert_intermediate_size=96, tie_word_embeddings=False),
+    # OLMo 2's all-head q/k norms under a pre-norm layer, experts on every layer, top-k not renormalised.
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=48, norm_topk_prob=False,
+                  tie_word_embeddings=False),
     # Granite's multipliers over experts routed by their top-k logits, softmaxed among themselves.
     "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
                        residual_multiplier=0.22, attention_multiplier=0.05, logits_scaling=8.0,

@@ -17,7 +17,7 @@ GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen
              "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gpt_oss": "GPT_OSS", "mixtral": "LLAMA",
              "olmo2": "OLMO2", "olmo3": "OLMO2", "exaone4": "EXAONE4", "ernie4_5": "ERNIE4_5", "glm4": "GLM4",
              "cohere": "COMMAND_R", "cohere2": "COHERE2", "arcee": "ARCEE", "starcoder2": "STARCODER2",
-             "nemotron": "NEMOTRON"}
+             "nemotron": "NEMOTRON", "olmoe": "OLMOE"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -25,7 +25,8 @@ VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
 EXPERT_KEYS = {"qwen2_moe": ("num_experts", "moe_intermediate_size"),
                "qwen3_moe": ("num_experts", "moe_intermediate_size"),
                "gpt_oss": ("num_local_experts", "intermediate_size"),
-               "mixtral": ("num_local_experts", "intermediate_size")}
+               "mixtral": ("num_local_experts", "intermediate_size"),
+               "olmoe": ("num_experts", "intermediate_size")}
 
 
 def byte_tokenizer(writer, specials: tuple[str, ...] = (), vocab: int = VOCAB, pre: str = "default",
@@ -125,7 +126,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_expert_feed_forward_length(size)
     if config.model_type == "qwen2_moe":
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
-    if config.model_type in ("qwen2_moe", "qwen3_moe"):
+    if config.model_type in ("qwen2_moe", "qwen3_moe", "olmoe"):
         tensors = _merge_experts(tensors, config.num_hidden_layers, config.num_experts)
     if config.model_type == "gpt_oss":
         writer.add_sliding_window(config.sliding_window)
