@@ -177,6 +177,8 @@ def restore(config: Any, path: Path) -> Any:
     key_length = get("attention.key_length")
     if key_length and hasattr(config, "head_dim"):  # Qwen3's is not hidden / heads, nor transformers' default
         config.head_dim = int(key_length)
+    elif arch in AS_LLAMA:  # the reader took Llama's rope.dimension_count for it: a partial rotary's width
+        config.head_dim = config.hidden_size // config.num_attention_heads
     window = get("attention.sliding_window")
     if arch in ("gemma2", "gemma3", "phi3", "mistral", "qwen2", "qwen3") and window:
         config.sliding_window = int(window)

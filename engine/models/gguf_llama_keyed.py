@@ -66,7 +66,8 @@ def _smollm3(config: Any, get, tensors: dict[str, Any]) -> Any:
 
 def _partial_rotary(config: Any, get) -> None:
     """The rotary width llama.cpp writes (`rope.dimension_count`) as the config's fraction of
-    a head, where it is not the whole head (GLM-4 turns half or a quarter of each, Nemotron half)."""
+    a head, where it is not the whole head (GLM-4 turns half or a quarter of each, Nemotron
+    half, StableLM a quarter)."""
     turned, head_dim = get("rope.dimension_count"), rotary.head_dim(config)
     if turned and int(turned) != head_dim:
         config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": int(turned) / head_dim}
@@ -187,7 +188,22 @@ def _olmoe(config: Any, get, tensors: dict[str, Any]) -> Any:
                        attention_bias="blk.0.attn_q.bias" in tensors, architectures=["OlmoeForCausalLM"])
 
 
+def _stablelm(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """StableLM 2: LayerNorm's epsilon, the partial rotary, q/k/v biases where the file holds
+    them, and the two flags of the 12B that the engine refuses by name (the parallel
+    residual, whose key the converter writes true when a config leaves it out; per-head
+    q/k norms, as tensors)."""
+    from transformers import StableLmConfig
+
+    _partial_rotary(config, get)
+    fields = {k: v for k, v in llama_fields(config).items() if k != "rms_norm_eps"}
+    return StableLmConfig(**fields, layer_norm_eps=float(get("attention.layer_norm_epsilon", 1e-5)),
+                          use_qkv_bias="blk.0.attn_q.bias" in tensors,
+                          use_parallel_residual=bool(get("use_parallel_residual", True)),
+                          qk_layernorm="blk.0.attn_q_norm.weight" in tensors, architectures=["StableLmForCausalLM"])
+
+
 # Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
-BUILDERS = {"gemma": _gemma, "nemotron": _nemotron, "olmoe": _olmoe, "smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "olmo2": _olmo, "exaone4": _exaone4,
+BUILDERS = {"gemma": _gemma, "nemotron": _nemotron, "olmoe": _olmoe, "stablelm": _stablelm, "smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "olmo2": _olmo, "exaone4": _exaone4,
             "ernie4_5": _ernie4_5, "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere,
             "starcoder2": _starcoder2}

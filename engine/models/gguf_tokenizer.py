@@ -5,10 +5,10 @@ A BPE vocabulary holds merges only within the pieces its pre-tokenizer cut, so t
 another way gives other tokens than the model saw in training: GLM-4 cuts numbers into
 runs of at most three digits and keeps one leading punctuation mark on a word
 (`.get`, `(self`), where GPT-2's split gives whole digit runs and cuts the mark off;
-Command R, SmolLM and StarCoder put every digit on its own. The names and their splits
-are llama.cpp's (its llama-vocab.cpp), which chose them to match each family's own
-tokenizer.json. A name known to neither is served with GPT-2's split and a warning, as
-llama.cpp serves it with its default.
+Command R, SmolLM and StarCoder put every digit on its own; StableLM 2 splits as Qwen2.
+The names and their splits are llama.cpp's (its llama-vocab.cpp), which chose them to
+match each family's own tokenizer.json. A name known to neither is served with GPT-2's
+split and a warning, as llama.cpp serves it with its default.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# Llama 3's split, which GLM-4 (`glm4`, `chatglm-bpe`) shares.
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Names whose split is one transformers knows under another name: GLM-4's is Llama 3's,
+# StableLM 2's Qwen2's (llama.cpp gives each pair one split).
+SAME_AS = {"glm4": "llama3", "chatglm-bpe": "llama3", "stablelm2": "qwen2"}
 # Every digit its own piece, then GPT-2's split.
 DIGITS_THEN_GPT2 = ("command-r", "smollm", "starcoder", "refact", "codeshell", "exaone", "minerva-7b")
-LLAMA3_LIKE = ("glm4", "chatglm-bpe")
 # Names whose split is GPT-2's own: what the reader builds already.
 GPT2 = ("gpt-2", "phi-2", "olmo", "mpt", "jais", "exaone4", "trillion", "granite-docling", "a.x-4.0", "mellum",
         "gigachat")
@@ -40,9 +39,10 @@ def set_pre_tokenizer(tokenizer: Any, pre: str | None, model: str | None) -> Non
     if pre in DIGITS_THEN_GPT2:
         split = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                          pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    elif pre in LLAMA3_LIKE:
-        split = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
-                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif pre in SAME_AS:
+        split = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(GGUF_PRE_TOKENIZER_SPLITS[SAME_AS[pre]]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         logger.warning("GGUF pre-tokenizer %r is not known here: text is split as GPT-2 splits it", pre)
         return

@@ -30,6 +30,7 @@ from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from engine.models.seed_oss import SeedOssForCausalLM
 from engine.models.smollm3 import SmolLM3ForCausalLM
+from engine.models.stablelm import StableLmForCausalLM
 from engine.models.starcoder2 import Starcoder2ForCausalLM
 
 ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
@@ -56,6 +57,7 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "arcee": ArceeForCausalLM,
     "starcoder2": Starcoder2ForCausalLM,
     "nemotron": NemotronForCausalLM,
+    "stablelm": StableLmForCausalLM,
     "mixtral": MixtralForCausalLM,
     "qwen2_moe": Qwen2MoeForCausalLM,
     "qwen3_moe": Qwen3MoeForCausalLM,

@@ -64,6 +64,7 @@ GGUF_OVERRIDES = {
     "starcoder2": dict(sliding_window=None),  # its converter writes no window
     "nemotron": dict(partial_rotary_factor=0.25),  # not the config's default half: the file's must be read
     "olmoe": dict(intermediate_size=64),  # whole 32-value blocks
+    "stablelm": dict(),
 }
 
 
@@ -328,6 +329,7 @@ def test_dense_weights_read_from_the_blocks_are_the_fp32_conversions(model_type,
     ("command-r", " 1", "Ġ1", False),  # Command R, SmolLM, StarCoder: every digit its own piece
     ("glm4", "12345", "34", False),  # GLM-4 (Llama 3's split): runs of three digits, 123 | 45
     ("glm4", "(ab", "(a", True),  # ... and one leading mark kept on its word
+    ("stablelm2", "12", "12", False),  # StableLM 2 (Qwen2's split): every digit its own piece
 ])
 def test_a_gguf_vocabulary_is_split_as_it_was_trained(pre, text, merge, merged, tmp_path, default_model_dir):
     """A BPE vocabulary's merges never cross the pieces its pre-tokenizer cut.
@@ -338,7 +340,7 @@ def test_a_gguf_vocabulary_is_split_as_it_was_trained(pre, text, merge, merged, 
     from engine.models import loader
 
     hf_dir = arch_models.build("llama", tmp_path / "hf", default_model_dir, vocab_size=gguf_files.VOCAB)
-    merges = ("Ġ Ġ", "Ġ 1", "3 4", "( a")
+    merges = ("Ġ Ġ", "Ġ 1", "3 4", "( a", "1 2")
 
     def pieces(pre_name: str) -> list[str]:
         path = gguf_files.write(hf_dir, tmp_path / f"{pre_name}.gguf", pre=pre_name, merges=merges)

@@ -65,6 +65,8 @@ ARCHS: dict[str, dict] = {
     # Nemotron's LayerNorm1P (bias, 1 + w), ReLU² without a gate, rotary on half of each head.
     "nemotron": dict(hidden_act="relu2", norm_eps=1e-5, partial_rotary_factor=0.5, attention_bias=True,
                      tie_word_embeddings=False),
+    # torch's LayerNorm with a bias under a SiLU-gated MLP, q/k/v biases, rotary on a quarter of each head.
+    "stablelm": dict(use_qkv_bias=True, partial_rotary_factor=0.25, layer_norm_eps=1e-5, tie_word_embeddings=False),
     "granite": dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.05,
                     logits_scaling=8.0, attention_bias=True),
     # Mixtures of experts: 4 experts, top 2; a dense layer among Qwen3-MoE's; Qwen2-MoE's shared expert.

@@ -17,7 +17,7 @@ GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen
              "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gpt_oss": "GPT_OSS", "mixtral": "LLAMA",
              "olmo2": "OLMO2", "olmo3": "OLMO2", "exaone4": "EXAONE4", "ernie4_5": "ERNIE4_5", "glm4": "GLM4",
              "cohere": "COMMAND_R", "cohere2": "COHERE2", "arcee": "ARCEE", "starcoder2": "STARCODER2",
-             "nemotron": "NEMOTRON", "olmoe": "OLMOE"}
+             "nemotron": "NEMOTRON", "olmoe": "OLMOE", "stablelm": "STABLELM"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -84,6 +84,10 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     elif config.model_type == "nemotron":  # LayerNorm, and its partial rotary in dims
         writer.add_layer_norm_eps(config.norm_eps)
         writer.add_rope_dimension_count(int(head_dim * config.rope_parameters["partial_rotary_factor"]))
+    elif config.model_type == "stablelm":  # the same, and the parallel-residual flag
+        writer.add_layer_norm_eps(config.layer_norm_eps)
+        writer.add_rope_dimension_count(int(head_dim * config.rope_parameters["partial_rotary_factor"]))
+        writer.add_parallel_residual(config.use_parallel_residual)
     else:
         writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)

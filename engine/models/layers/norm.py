@@ -1,5 +1,5 @@
 """RMSNorm, in the forms checkpoints use, Cohere's bias-free LayerNorm, and torch's own
-LayerNorm with its bias (StarCoder2; Nemotron's with a (1 + w) weight)."""
+LayerNorm with its bias (StarCoder2, StableLM; Nemotron's with a (1 + w) weight)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def hidden_norm(config, spec) -> RMSNorm | LayerNorm | BiasLayerNorm:
     """A norm over the hidden size, of the kind and form the architecture uses."""
     if spec.norm_kind == "layer":
         return LayerNorm(config.hidden_size, config.layer_norm_eps)
-    if spec.norm_kind == "layer_bias":  # StarCoder2's norm_epsilon, Nemotron's norm_eps
-        eps = getattr(config, "norm_epsilon", None) or config.norm_eps
+    if spec.norm_kind == "layer_bias":  # StarCoder2's norm_epsilon, Nemotron's norm_eps, StableLM's
+        eps = getattr(config, "norm_epsilon", None) or getattr(config, "norm_eps", None) or config.layer_norm_eps
         return BiasLayerNorm(config.hidden_size, eps, spec.norm_offset)
     return RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset, spec.late_cast)
