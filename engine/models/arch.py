@@ -90,7 +90,7 @@ class ArchSpec:
 
 
 # transformers' names of the activations the MLP computes, as ArchSpec names them.
-ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
+HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
                "gelu": "gelu", "relu2": "relu2"}
 
 
@@ -100,10 +100,10 @@ def activation(config, allowed: tuple[str, ...]) -> str:
     from engine.errors import ParamError
 
     name = getattr(config, "hidden_act", None)
-    if ACTIVATIONS.get(name) not in allowed:
+    if HF_ACTIVATIONS.get(name) not in allowed:
         raise ParamError("model", f"{config.model_type} with hidden_act {name!r} is not supported "
-                                  f"(supported: {', '.join(k for k, v in ACTIVATIONS.items() if v in allowed)})")
-    return ACTIVATIONS[name]
+                                  f"(supported: {', '.join(k for k, v in HF_ACTIVATIONS.items() if v in allowed)})")
+    return HF_ACTIVATIONS[name]
 
 
 def layer_windows(config, all_layers: bool = False) -> tuple[int, ...]:

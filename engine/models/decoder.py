@@ -20,7 +20,7 @@ from torch import nn
 from engine import parallel
 from engine.errors import ParamError
 from engine.models import packed_linear
-from engine.models.arch import ACTIVATIONS, ArchSpec
+from engine.models.arch import HF_ACTIVATIONS, ArchSpec
 from engine.models.layers import rotary
 from engine.models.layers.attention import AttnMetadata
 from engine.models.layers.block import DecoderLayer
@@ -54,7 +54,7 @@ def _check_activation(config, spec: ArchSpec) -> None:
     name = getattr(config, "hidden_act", None)
     if name is None or getattr(config, "hidden_activation", None) is not None:
         return
-    if ACTIVATIONS.get(name) != spec.act:
+    if HF_ACTIVATIONS.get(name) != spec.act:
         raise ParamError("model", f"{config.model_type} with hidden_act {name!r} is not supported: "
                                   f"this architecture computes {spec.act}")
 

@@ -188,9 +188,10 @@ def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, writt
     interleaved, and it carries YaRN keys; Phi-3's projections come fused, Gemma 3's MLP is
     GELU, Qwen2-MoE's experts are merged per layer beside a shared expert, Mixtral's q and k
     are interleaved as a Llama's; OLMo 3's and EXAONE 4's converted by llama.cpp's name map
-    alone, and GLM-4's with gate and up fused and q/k rows turned to rotate-half's pairs:
-    each read from the blocks as the dequantized path reads them. Q5_0 is what Q4_K_M files hold where a row is not a multiple of 256 (Gemma 3 270M,
-    Qwen2.5 0.5B)."""
+    alone, GLM-4's with gate and up fused and q/k rows turned to rotate-half's pairs,
+    Arcee's and StarCoder2's MLPs without a gate, OLMoE's experts merged: each read from the
+    blocks as the dequantized path reads them. Q5_0 is what Q4_K_M files hold where a row
+    is not a multiple of 256 (Gemma 3 270M, Qwen2.5 0.5B)."""
     _, gguf = written(model_type, qtype)
     prompts = prompts_for(model_type)
     dense = LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization=None)
