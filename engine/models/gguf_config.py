@@ -200,6 +200,7 @@ def restore(config: Any, path: Path) -> Any:
     if arch == "llama" and get("expert_count"):
         return gguf_llama_keyed.mixtral(config, get)
     if arch in gguf_llama_keyed.BUILDERS:
+        gguf_llama_keyed.partial_rotary(config, get)
         return gguf_llama_keyed.BUILDERS[arch](config, get, tensors)
     if arch in ("qwen2moe", "qwen3moe"):
         # llama.cpp builds every layer as experts, renormalising the top-k for Qwen3-MoE only.

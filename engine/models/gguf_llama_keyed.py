@@ -64,10 +64,11 @@ def _smollm3(config: Any, get, tensors: dict[str, Any]) -> Any:
     return SmolLM3Config(**llama_fields(config), architectures=["SmolLM3ForCausalLM"])
 
 
-def _partial_rotary(config: Any, get) -> None:
+def partial_rotary(config: Any, get) -> None:
     """The rotary width llama.cpp writes (`rope.dimension_count`) as the config's fraction of
     a head, where it is not the whole head (GLM-4 turns half or a quarter of each, Nemotron
-    half, StableLM a quarter)."""
+    half, StableLM a quarter); read for every architecture here, so that no file's width is
+    dropped."""
     turned, head_dim = get("rope.dimension_count"), rotary.head_dim(config)
     if turned and int(turned) != head_dim:
         config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": int(turned) / head_dim}
@@ -114,7 +115,6 @@ def _glm4(config: Any, get, tensors: dict[str, Any]) -> Any:
     """GLM-4 (0414): q/k/v biases where the file holds them; its partial rotary is read above."""
     from transformers import Glm4Config
 
-    _partial_rotary(config, get)
     return Glm4Config(**llama_fields(config), attention_bias="blk.0.attn_q.bias" in tensors,
                       architectures=["Glm4ForCausalLM"])
 
@@ -171,7 +171,6 @@ def _nemotron(config: Any, get, tensors: dict[str, Any]) -> Any:
     computes), biases where the file holds them."""
     from transformers import NemotronConfig
 
-    _partial_rotary(config, get)
     fields = {k: v for k, v in llama_fields(config).items() if k != "rms_norm_eps"}
     return NemotronConfig(**fields, norm_eps=float(get("attention.layer_norm_epsilon", 1e-5)), hidden_act="relu2",
                           attention_bias="blk.0.attn_q.bias" in tensors, mlp_bias="blk.0.ffn_up.bias" in tensors,
@@ -195,7 +194,6 @@ def _stablelm(config: Any, get, tensors: dict[str, Any]) -> Any:
     q/k norms, as tensors)."""
     from transformers import StableLmConfig
 
-    _partial_rotary(config, get)
     fields = {k: v for k, v in llama_fields(config).items() if k != "rms_norm_eps"}
     return StableLmConfig(**fields, layer_norm_eps=float(get("attention.layer_norm_epsilon", 1e-5)),
                           use_qkv_bias="blk.0.attn_q.bias" in tensors,
