@@ -16,6 +16,7 @@ from engine.models.glm import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.granitemoe import GraniteMoeForCausalLM
+from engine.models.helium import HeliumForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.ministral import MinistralForCausalLM
 from engine.models.mistral import MistralForCausalLM
@@ -35,6 +36,8 @@ from engine.models.starcoder2 import Starcoder2ForCausalLM
 
 ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "llama": LlamaForCausalLM,
+    "internlm3": LlamaForCausalLM,  # transformers runs InternLM3 as Llama (qkv_bias, bias as its two biases)
+    "helium": HeliumForCausalLM,
     "mistral": MistralForCausalLM,
     "ministral": MinistralForCausalLM,
     "qwen2": Qwen2ForCausalLM,

@@ -67,6 +67,10 @@ ARCHS: dict[str, dict] = {
                      tie_word_embeddings=False),
     # torch's LayerNorm with a bias under a SiLU-gated MLP, q/k/v biases, rotary on a quarter of each head.
     "stablelm": dict(use_qkv_bias=True, partial_rotary_factor=0.25, layer_norm_eps=1e-5, tie_word_embeddings=False),
+    # InternLM3 is Llama's layer, its qkv_bias and bias read as Llama's two biases.
+    "internlm3": dict(qkv_bias=True, bias=True, tie_word_embeddings=False),
+    # Helium: adjacent-pair rotary, norms multiplying in fp32, q/k/v and MLP biases.
+    "helium": dict(attention_bias=True, mlp_bias=True, head_dim=16, tie_word_embeddings=False),
     "granite": dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.05,
                     logits_scaling=8.0, attention_bias=True),
     # Mixtures of experts: 4 experts, top 2; a dense layer among Qwen3-MoE's; Qwen2-MoE's shared expert.
@@ -95,7 +99,7 @@ ARCHS: dict[str, dict] = {
 # Attention projections scaled up, so that the scores are far from uniform: gpt-oss's sinks,
 # SmolLM3's NoPE layer and the adjacent-pair rotary of GLM and ERNIE change the tokens if
 # the engine gets them wrong (at the initial scale every position weighs about the same).
-SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2", "gemma", "nemotron")
+SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2", "gemma", "nemotron", "helium")
 
 
 def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
