@@ -54,7 +54,8 @@ class ArchSpec:
     o_bias: bool = False
     mlp_bias: bool = False
     # q/k RMSNorm before rotary: per head (Qwen3, Gemma 3) or over all heads (OLMo 2).
-    qk_norm: Literal["", "head", "all"] = ""
+    # ("rotated": per head after the rotary, HunYuan's order).
+    qk_norm: Literal["", "head", "all", "rotated"] = ""
     # Where the norms sit: "pre" (Llama: before attention and MLP), "sandwich" (Gemma: also
     # after each), "post" (OLMo 2: after each, none before), "parallel" (Cohere: one norm,
     # whose output both attention and MLP read, their outputs added to the residual together).
@@ -85,8 +86,9 @@ class ArchSpec:
     def fusable(self) -> bool:
         """Whether the fused layer (DecoderLayer.forward_fused) runs this layer shape: every
         placement of RMSNorms (a late_cast norm's fp32 weight applies before the rounding
-        there too), and Cohere's parallel block, whose LayerNorm runs as a module there."""
-        return self.norm_kind == "rms" or self.norms == "parallel"
+        there too), and Cohere's parallel block, whose LayerNorm runs as a module there;
+        not q/k norms after the rotary, whose fused pass norms before it."""
+        return (self.norm_kind == "rms" or self.norms == "parallel") and self.qk_norm != "rotated"
 
 
 # transformers' names of the activations the MLP computes, as ArchSpec names them.

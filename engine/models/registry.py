@@ -17,6 +17,7 @@ from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.granitemoe import GraniteMoeForCausalLM
 from engine.models.helium import HeliumForCausalLM
+from engine.models.hunyuan import HunYuanDenseV1ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.ministral import MinistralForCausalLM
 from engine.models.mistral import MistralForCausalLM
@@ -38,6 +39,7 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "llama": LlamaForCausalLM,
     "internlm3": LlamaForCausalLM,  # transformers runs InternLM3 as Llama (qkv_bias, bias as its two biases)
     "helium": HeliumForCausalLM,
+    "hunyuan_v1_dense": HunYuanDenseV1ForCausalLM,
     "mistral": MistralForCausalLM,
     "ministral": MinistralForCausalLM,
     "qwen2": Qwen2ForCausalLM,

@@ -71,6 +71,9 @@ ARCHS: dict[str, dict] = {
     "internlm3": dict(qkv_bias=True, bias=True, tie_word_embeddings=False),
     # Helium: adjacent-pair rotary, norms multiplying in fp32, q/k/v and MLP biases.
     "helium": dict(attention_bias=True, mlp_bias=True, head_dim=16, tie_word_embeddings=False),
+    # HunYuan: per-head q/k norms after the rotary, NTK rotary with a fixed alpha, biases.
+    "hunyuan_v1_dense": dict(attention_bias=True, head_dim=16, tie_word_embeddings=True,
+                             rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}),
     "granite": dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.05,
                     logits_scaling=8.0, attention_bias=True),
     # Mixtures of experts: 4 experts, top 2; a dense layer among Qwen3-MoE's; Qwen2-MoE's shared expert.
@@ -99,7 +102,8 @@ ARCHS: dict[str, dict] = {
 # Attention projections scaled up, so that the scores are far from uniform: gpt-oss's sinks,
 # SmolLM3's NoPE layer and the adjacent-pair rotary of GLM and ERNIE change the tokens if
 # the engine gets them wrong (at the initial scale every position weighs about the same).
-SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2", "gemma", "nemotron", "helium")
+SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2", "gemma", "nemotron", "helium",
+         "hunyuan_v1_dense")
 
 
 def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:

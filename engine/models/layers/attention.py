@@ -54,7 +54,7 @@ class Attention(nn.Module):
         self.qk_norm = spec.qk_norm
         if spec.qk_norm:
             eps = config.rms_norm_eps
-            q_dim, k_dim = (self.head_dim, self.head_dim) if spec.qk_norm == "head" else (self.q_size, self.kv_size)
+            q_dim, k_dim = (self.q_size, self.kv_size) if spec.qk_norm == "all" else (self.head_dim, self.head_dim)
             self.q_norm = RMSNorm(q_dim, eps, spec.norm_offset, spec.late_cast)
             self.k_norm = RMSNorm(k_dim, eps, spec.norm_offset, spec.late_cast)
         # this rank's heads' sink logits (engine/models/weights.py slices them), where the architecture has them
@@ -78,6 +78,8 @@ class Attention(nn.Module):
         n = x.shape[0]
         q, k, v = self.project(x)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if self.qk_norm == "rotated":  # HunYuan norms each head after turning it
+            q, k = self.q_norm(q), self.k_norm(k)
         k_cache, v_cache = kv_cache
         meta.backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         sinks = self.sinks.float() if self.sinks is not None else None

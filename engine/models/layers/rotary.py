@@ -47,6 +47,12 @@ def kinds(config, nope: frozenset[int] = frozenset()) -> tuple[str, ...]:
 def _inv_freq(config, kind: str, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     params = parameters(config, kind)
     rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "dynamic" and params.get("alpha"):
+        # HunYuan's NTK with a fixed alpha (its checkpoints say "dynamic"): the base stretched
+        # by alpha ** (d / (d - 2)) over the whole head, the same at every length.
+        dim = head_dim(config)
+        theta = params["rope_theta"] * params["alpha"] ** (dim / (dim - 2))
+        return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
     if rope_type not in SUPPORTED:
         raise ParamError("model", f"rope_type {rope_type!r} is not supported ({', '.join(SUPPORTED)})")
     if rope_type == "default":
