@@ -86,9 +86,9 @@ class ArchSpec:
     def fusable(self) -> bool:
         """Whether the fused layer (DecoderLayer.forward_fused) runs this layer shape: every
         placement of RMSNorms (a late_cast norm's fp32 weight applies before the rounding
-        there too), and Cohere's parallel block, whose LayerNorm runs as a module there;
-        not q/k norms after the rotary, whose fused pass norms before it."""
-        return (self.norm_kind == "rms" or self.norms == "parallel") and self.qk_norm != "rotated"
+        there too), and LayerNorms before each block or Cohere's before both, which run as
+        modules there; not q/k norms after the rotary, whose fused pass norms before it."""
+        return (self.norm_kind == "rms" or self.norms in ("pre", "parallel")) and self.qk_norm != "rotated"
 
 
 # transformers' names of the activations the MLP computes, as ArchSpec names them.

@@ -31,7 +31,11 @@ class Flat:
     post_attn: torch.Tensor | None  # the norms of the attention's and the MLP's outputs (Gemma, OLMo 2)
     post_mlp: torch.Tensor | None
     eps_post: float
-    layer_norm: Callable[[torch.Tensor], torch.Tensor] | None  # Cohere's LayerNorm before both
+    # A LayerNorm's module before attention (Cohere's, which the MLP reads too: `parallel`;
+    # StarCoder2's, StableLM's, Nemotron's) and before the MLP; RMSNorms run fused instead.
+    layer_norm: Callable[[torch.Tensor], torch.Tensor] | None
+    layer_norm2: Callable[[torch.Tensor], torch.Tensor] | None
+    parallel: bool
     qkv: Callable[[torch.Tensor], torch.Tensor]
     qk_norm: torch.Tensor | None  # [H + Hkv, D]: the q heads' norm weight, then the k heads'
     qk_eps: float
@@ -103,9 +107,10 @@ class DecoderLayer(nn.Module):
             qk_norm = torch.cat([attn.q_norm.effective_weight().float().expand(attn.num_heads, -1),
                                  attn.k_norm.effective_weight().float().expand(attn.num_kv_heads, -1)])
         norms = self.spec.norms
-        first = self.input_layernorm if norms in ("pre", "sandwich") else None
+        layer_norms = self.spec.norm_kind != "rms"  # modules here; an RMSNorm's weight goes to the fused kernel
+        first = self.input_layernorm if norms in ("pre", "sandwich") and not layer_norms else None
         second = {"pre": "post_attention_layernorm", "sandwich": "pre_feedforward_layernorm"}.get(norms)
-        second = getattr(self, second) if second else None
+        second = getattr(self, second) if second and not layer_norms else None
         after = norms in ("sandwich", "post")  # the outputs' norms: post_attention_ and post_feedforward_layernorm
         self.flat = Flat(
             norm1=first.effective_weight() if first else None, eps1=first.eps if first else 0.0,
@@ -113,7 +118,9 @@ class DecoderLayer(nn.Module):
             post_attn=self.post_attention_layernorm.effective_weight() if after else None,
             post_mlp=self.post_feedforward_layernorm.effective_weight() if after else None,
             eps_post=self.post_attention_layernorm.eps if after else 0.0,
-            layer_norm=self.input_layernorm.forward if norms == "parallel" else None,
+            layer_norm=self.input_layernorm.forward if layer_norms else None,
+            layer_norm2=self.post_attention_layernorm.forward if layer_norms and norms == "pre" else None,
+            parallel=norms == "parallel",
             qkv=attn.qkv_proj.forward, qk_norm=qk_norm, qk_eps=attn.q_norm.eps if qk_norm is not None else 0.0,
             qk_all=(attn.q_norm.forward, attn.k_norm.forward) if attn.qk_norm == "all" else None,
             o=attn.o_proj.forward, gate_up=None if moe else mlp.gate_up_proj.forward, glu=not moe and mlp.glu,
@@ -129,12 +136,12 @@ class DecoderLayer(nn.Module):
     def forward_fused(self, residual, pending, cos, sin, kv_cache, meta,
                       keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layer on fused kernels (the native CPU ones, or Triton's on a GPU): each
-        residual add fused into the norm after it (`residual` updated in place, the MLP
+        residual add fused into the RMSNorm after it (`residual` updated in place, the MLP
         output, Gemma's and OLMo 2's normed, returned as the next layer's `pending`; their
-        attention output normed before it joins the residual; where no norm follows, OLMo
-        2's and Cohere's, a plain add in place),
-        the rotary fused, and written flat, with no nn.Module call or module attribute
-        lookup inside: at batch 1 on quantized weights the Python around the kernels had
+        attention output normed before it joins the residual; where no RMSNorm follows, OLMo
+        2's, Cohere's and the LayerNorm layers', a plain add in place, the LayerNorm a
+        module call), the rotary fused, and written flat, with no other nn.Module call or
+        module attribute lookup inside: at batch 1 on quantized weights the Python around the kernels had
         taken about 95 us a layer, a quarter of the step. On a GPU the module path's forty
         small kernels a layer had taken more device time than the GEMMs, graphs or not.
         cos and sin are [n, rotary dims]. Returns (residual, pending).
@@ -164,14 +171,16 @@ class DecoderLayer(nn.Module):
         out = backend.attention(q, k_cache, v_cache, meta, f.scale, f.window, f.softcap, f.sinks).view(n, f.q_size)
         if keep is not None:
             out, residual = out[keep], residual[keep]
-            if f.layer_norm is not None:
+            if f.parallel:
                 x = x[keep]
         out = _branch_out(f, f.o(out), f.post_attn)
         if f.norm2 is not None:
             x = f.ops.add_rms_norm(out, residual, f.norm2, f.eps2)
-        else:  # the MLP reads the residual (post norms) or the same normed x as attention (Cohere)
+        else:  # the MLP reads the residual (post norms), its LayerNorm, or the same x as attention (Cohere)
             residual.add_(out)  # (h + attention) + MLP, in transformers' order
-            if f.layer_norm is None:
+            if f.layer_norm2 is not None:
+                x = f.layer_norm2(residual)
+            elif not f.parallel:
                 x = residual
         if f.experts is not None:
             out = f.experts(x)
