@@ -87,8 +87,8 @@ class ArchSpec:
         """Whether the fused layer (DecoderLayer.forward_fused) runs this layer shape: every
         placement of RMSNorms (a late_cast norm's fp32 weight applies before the rounding
         there too), and LayerNorms before each block or Cohere's before both, which run as
-        modules there; not q/k norms after the rotary, whose fused pass norms before it."""
-        return (self.norm_kind == "rms" or self.norms in ("pre", "parallel")) and self.qk_norm != "rotated"
+        modules there, as q/k norms after the rotary do (HunYuan)."""
+        return self.norm_kind == "rms" or self.norms in ("pre", "parallel")
 
 
 # transformers' names of the activations the MLP computes, as ArchSpec names them.

@@ -40,6 +40,7 @@ class Flat:
     qk_norm: torch.Tensor | None  # [H + Hkv, D]: the q heads' norm weight, then the k heads'
     qk_eps: float
     qk_all: tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None  # OLMo 2's
+    qk_rotated: tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None  # HunYuan's
     o: Callable[[torch.Tensor], torch.Tensor]
     gate_up: Callable[[torch.Tensor], torch.Tensor] | None  # None on an expert layer
     glu: bool  # gate_up returns silu(gate) * up itself
@@ -123,6 +124,7 @@ class DecoderLayer(nn.Module):
             parallel=norms == "parallel",
             qkv=attn.qkv_proj.forward, qk_norm=qk_norm, qk_eps=attn.q_norm.eps if qk_norm is not None else 0.0,
             qk_all=(attn.q_norm.forward, attn.k_norm.forward) if attn.qk_norm == "all" else None,
+            qk_rotated=(attn.q_norm.forward, attn.k_norm.forward) if attn.qk_norm == "rotated" else None,
             o=attn.o_proj.forward, gate_up=None if moe else mlp.gate_up_proj.forward, glu=not moe and mlp.glu,
             gated=moe or mlp.gated, act=None if moe or (mlp.gated and mlp.act_name == "silu") else mlp.act,
             inter=mlp.inter,
@@ -164,6 +166,8 @@ class DecoderLayer(nn.Module):
             qkv = torch.cat([q_all(qkv[:, :f.q_size]), k_all(qkv[:, f.q_size:f.v_at]), qkv[:, f.v_at:]], dim=-1)
         # per-head RMSNorm of q and k (Qwen3, Gemma 3) inside the rotary's pass
         q, k = f.ops.rope_qk(qkv, cos, sin, f.heads, f.kv_heads, f.head_dim, f.qk_norm, f.qk_eps)
+        if f.qk_rotated is not None:  # HunYuan's per-head norms, after the rotary
+            q, k = f.qk_rotated[0](q), f.qk_rotated[1](k)
         v = qkv[:, f.v_at:].view(n, f.kv_heads, f.head_dim)
         k_cache, v_cache = kv_cache
         backend = meta.backend
