@@ -64,7 +64,7 @@ class ArchSpec:
     norm_kind: Literal["rms", "layer", "layer_bias"] = "rms"
     norm_offset: float = 0.0  # Gemma multiplies by (1 + weight)
     late_cast: bool = False  # the norm's weight multiplies in fp32, rounding after (Gemma, OLMo 2)
-    act: Literal["silu", "gelu_tanh", "gelu", "relu2"] = "silu"
+    act: Literal["silu", "gelu_tanh", "gelu", "relu2", "xielu"] = "silu"
     gated: bool = True  # down(act(gate) * up); False: down(act(up)) (Arcee, StarCoder2)
     embed_scale: float = 1.0  # Gemma sqrt(hidden), Granite embedding_multiplier
     embed_scale_in_dtype: bool = False  # Gemma rounds the scale to the activation dtype first
@@ -93,7 +93,7 @@ class ArchSpec:
 
 # transformers' names of the activations the MLP computes, as ArchSpec names them.
 HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh",
-               "gelu": "gelu", "relu2": "relu2"}
+               "gelu": "gelu", "relu2": "relu2", "xielu": "xielu"}
 
 
 def activation(config, allowed: tuple[str, ...]) -> str:

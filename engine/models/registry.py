@@ -4,6 +4,7 @@ transformers itself dispatches on."""
 from __future__ import annotations
 
 from engine.errors import ParamError
+from engine.models.apertus import ApertusForCausalLM
 from engine.models.arcee import ArceeForCausalLM
 from engine.models.cohere import Cohere2ForCausalLM, CohereForCausalLM
 from engine.models.decoder import DecoderForCausalLM
@@ -60,6 +61,7 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "cohere2": Cohere2ForCausalLM,
     "granite": GraniteForCausalLM,
     "arcee": ArceeForCausalLM,
+    "apertus": ApertusForCausalLM,
     "starcoder2": Starcoder2ForCausalLM,
     "nemotron": NemotronForCausalLM,
     "stablelm": StableLmForCausalLM,

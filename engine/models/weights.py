@@ -87,7 +87,7 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]],
             heads = model.layers[0].self_attn.heads
             tensor = src[heads.q_lo:heads.q_hi]
         else:
-            tensor = src[:]
+            tensor = src[...]  # every dim (a 0-d one too: xIELU's beta and eps)
         _copy(param, tensor, name)
         loaded.add(name)
     if pairs:

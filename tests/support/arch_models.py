@@ -74,6 +74,9 @@ ARCHS: dict[str, dict] = {
     # HunYuan: per-head q/k norms after the rotary, NTK rotary with a fixed alpha, biases.
     "hunyuan_v1_dense": dict(attention_bias=True, head_dim=16, tie_word_embeddings=True,
                              rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}),
+    # Apertus: a plain MLP through xIELU, whose per-layer parameters are moved too (below).
+    "apertus": dict(hidden_act="xielu", tie_word_embeddings=False,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
     "granite": dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.05,
                     logits_scaling=8.0, attention_bias=True),
     # Mixtures of experts: 4 experts, top 2; a dense layer among Qwen3-MoE's; Qwen2-MoE's shared expert.
@@ -117,6 +120,8 @@ def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **ove
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.3)
+            if ".act_fn." in name:  # xIELU's learned shape (its alphas through softplus) off its initial one
+                p.add_(torch.randn_like(p) * 0.5 if p.dim() else torch.tensor(0.0))
             if name.endswith("sinks"):  # sinks away from zero, some above the scores, some below
                 p.copy_(torch.randn_like(p) * 3.0 + 3.0)
             if name.endswith(("mlp.gate.weight", "mlp.router.weight", "moe.router.weight")):  # a decisive router: no near tie

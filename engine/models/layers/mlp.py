@@ -1,5 +1,5 @@
 """The MLP of every dense architecture: gated, down(act(gate) * up), or plain, down(act(up))
-(Arcee's ReLU², StarCoder2's GELU)."""
+(Arcee's ReLU², StarCoder2's GELU, Apertus's xIELU, whose parameters each layer learns)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,25 @@ ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tan
                "relu2": lambda x: torch.square(F.relu(x))}
 
 
+class XIELU(nn.Module):
+    """xIELU (Apertus): beta x plus alpha_p x² above zero and alpha_n (expm1(min(x, eps)) - x)
+    below, its two alphas learned through softplus; in the model's dtype, as the reference
+    computes it. beta and eps are parameters here so that the loader fills them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alpha_p = nn.Parameter(torch.zeros(1), requires_grad=False)
+        self.alpha_n = nn.Parameter(torch.zeros(1), requires_grad=False)
+        self.beta = nn.Parameter(torch.zeros(()), requires_grad=False)
+        self.eps = nn.Parameter(torch.zeros(()), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha_p = F.softplus(self.alpha_p)
+        alpha_n = self.beta + F.softplus(self.alpha_n)
+        return torch.where(x > 0, alpha_p * x * x + self.beta * x,
+                           (torch.expm1(torch.min(x, self.eps)) - x) * alpha_n + self.beta * x)
+
+
 class MLP(nn.Module):
     """Column-parallel gate/up over this rank's slice of the intermediate size, row-parallel
     down. `gate_up_proj` is the first GEMM: gate and up stacked, or up alone where the MLP
@@ -24,7 +43,11 @@ class MLP(nn.Module):
         super().__init__()
         self.tp = tp
         self.act_name = act
-        self.act = ACTIVATIONS[act]
+        if act == "xielu":  # a module: its parameters are the checkpoint's, per layer
+            self.act_fn = XIELU()
+            self.act = self.act_fn
+        else:
+            self.act = ACTIVATIONS[act]
         self.gated = gated
         self.pieces = ("gate_proj", "up_proj") if gated else ("up_proj",)
         self.inter_range = parallel.split(intermediate, tp.size, tp.rank)
