@@ -201,7 +201,16 @@ def _stablelm(config: Any, get, tensors: dict[str, Any]) -> Any:
                           qk_layernorm="blk.0.attn_q_norm.weight" in tensors, architectures=["StableLmForCausalLM"])
 
 
+def _apertus(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """Apertus: Llama's keys, its xIELU (whose per-layer parameters the file keeps as keys,
+    engine/models/gguf_tensors.py), biases where the file holds them."""
+    from transformers import ApertusConfig
+
+    return ApertusConfig(**llama_fields(config), hidden_act="xielu", attention_bias="blk.0.attn_q.bias" in tensors,
+                         mlp_bias="blk.0.ffn_up.bias" in tensors, architectures=["ApertusForCausalLM"])
+
+
 # Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
-BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": _gemma, "nemotron": _nemotron,
+BUILDERS = {"apertus": _apertus, "smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": _gemma, "nemotron": _nemotron,
             "olmoe": _olmoe, "stablelm": _stablelm, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
             "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere, "starcoder2": _starcoder2}

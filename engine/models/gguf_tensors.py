@@ -1,8 +1,8 @@
 """A GGUF file's tensors under a checkpoint's HF names, for the architectures whose files
 transformers' GGUF reader does not convert: gpt-oss (experts in MXFP4, biases, attention
 sinks), Mixtral (which llama.cpp files as `llama` with each layer's experts merged), and
-those whose tensors llama.cpp's converter only renames (`NAMED`: Gemma, Nemotron, StableLM,
-OLMo 2 and 3, EXAONE 4, ERNIE 4.5, GLM-4, Command R and R7B, StarCoder2), Gemma's and Nemotron's
+those whose tensors llama.cpp's converter only renames (`NAMED`: Apertus, Gemma, Nemotron,
+StableLM, OLMo 2 and 3, EXAONE 4, ERNIE 4.5, GLM-4, Command R and R7B, StarCoder2), Gemma's and Nemotron's
 norms stored as 1 + w, and OLMoE's experts merged per layer.
 
 Each tensor is dequantized by the gguf package (MXFP4 included) and renamed as
@@ -45,7 +45,7 @@ GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight"
 OWN = ("gpt_oss", "mixtral")  # the model types this module converts by its own tables
 # ... and those whose tensors the converter renamed by the gguf package's name map and
 # left otherwise as the checkpoint holds them (no q/k interleaving, no merged experts).
-NAMED = ("gemma", "nemotron", "olmoe", "stablelm", "olmo2", "olmo3", "exaone4", "ernie4_5", "glm4", "cohere",
+NAMED = ("apertus", "gemma", "nemotron", "olmoe", "stablelm", "olmo2", "olmo3", "exaone4", "ernie4_5", "glm4", "cohere",
          "cohere2", "starcoder2")
 # What the converter added to a norm's weight: Gemma's and Nemotron's (1 + w) are stored whole.
 NORM_ADDED = {"gemma": 1.0, "nemotron": 1.0}
@@ -71,9 +71,10 @@ def convert_named(path: Path, arch: str, config: Any, keep: Callable[[str], bool
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))  # the suffix kept
         if gguf_name is not None:
             theirs.setdefault(gguf_name, hf_name)
-    out: dict[str, torch.Tensor] = {}
+    reader = gguf.GGUFReader(path)
+    out: dict[str, torch.Tensor] = _xielu(reader, config) if config.model_type == "apertus" else {}
     experts: dict[tuple[int, str], torch.Tensor] = {}
-    for t in gguf.GGUFReader(path).tensors:
+    for t in reader.tensors:
         if t.name == "rope_freqs.weight" or not keep(t.name):  # the divisors are in the config's rope scaling
             continue
         merged = re.fullmatch(r"blk\.(\d+)\.(ffn_(?:gate|up|down)_exps\.weight)", t.name)
@@ -91,6 +92,22 @@ def convert_named(path: Path, arch: str, config: Any, keep: Callable[[str], bool
     return out
 
 
+def _xielu(reader: Any, config: Any) -> dict[str, torch.Tensor]:
+    """Apertus's xIELU parameters, which llama.cpp's converter keeps as keys (one value per
+    layer under `xielu.*`), as the checkpoint's per-layer tensors."""
+    out = {}
+    for key, shape in (("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ())):
+        field = reader.fields.get(f"xielu.{key}")
+        if field is None:
+            raise ValueError(f"the apertus GGUF file has no key 'xielu.{key}'")
+        values = [float(v) for v in field.contents()]
+        if len(values) != config.num_hidden_layers:
+            raise ValueError(f"xielu.{key} has {len(values)} values for {config.num_hidden_layers} layers")
+        for i, value in enumerate(values):
+            out[f"model.layers.{i}.mlp.act_fn.{key}"] = torch.tensor(value, dtype=torch.float32).reshape(shape)
+    return out
+
+
 def convert(path: Path, config: Any, keep: Callable[[str], bool]) -> dict[str, torch.Tensor]:
     """Every tensor of the file that `keep` takes by its GGUF name, dequantized to fp32
     under its HF name; a ValueError naming a tensor this architecture does not have, or
@@ -98,9 +115,10 @@ def convert(path: Path, config: Any, keep: Callable[[str], bool]) -> dict[str, t
     import gguf
 
     layer_names = GPT_OSS_LAYER if config.model_type == "gpt_oss" else MIXTRAL_LAYER
-    out: dict[str, torch.Tensor] = {}
+    reader = gguf.GGUFReader(path)
+    out: dict[str, torch.Tensor] = _xielu(reader, config) if config.model_type == "apertus" else {}
     experts: dict[tuple[int, str], torch.Tensor] = {}
-    for t in gguf.GGUFReader(path).tensors:
+    for t in reader.tensors:
         if not keep(t.name):
             continue
         if t.tensor_type == gguf.GGMLQuantizationType.MXFP4:  # a NaN scale would dequantize silently

@@ -65,6 +65,7 @@ GGUF_OVERRIDES = {
     "nemotron": dict(partial_rotary_factor=0.25),  # not the config's default half: the file's must be read
     "olmoe": dict(intermediate_size=64),  # whole 32-value blocks
     "stablelm": dict(),
+    "apertus": dict(),
 }
 
 

@@ -17,7 +17,8 @@ GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen
              "qwen2_moe": "QWEN2MOE", "qwen3_moe": "QWEN3MOE", "gpt_oss": "GPT_OSS", "mixtral": "LLAMA",
              "olmo2": "OLMO2", "olmo3": "OLMO2", "exaone4": "EXAONE4", "ernie4_5": "ERNIE4_5", "glm4": "GLM4",
              "cohere": "COMMAND_R", "cohere2": "COHERE2", "arcee": "ARCEE", "starcoder2": "STARCODER2",
-             "nemotron": "NEMOTRON", "olmoe": "OLMOE", "stablelm": "STABLELM"}
+             "nemotron": "NEMOTRON", "olmoe": "OLMOE", "stablelm": "STABLELM",
+             "apertus": "APERTUS"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -145,6 +146,10 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
             writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
             tensors["rope_factors_long.weight"] = torch.tensor(rope["long_factor"], dtype=torch.float32)
             tensors["rope_factors_short.weight"] = torch.tensor(rope["short_factor"], dtype=torch.float32)
+    if config.model_type == "apertus":  # xIELU's parameters as keys, one value per layer, as its converter keeps them
+        for key, add in (("alpha_p", writer.add_xielu_alpha_p), ("alpha_n", writer.add_xielu_alpha_n),
+                         ("beta", writer.add_xielu_beta), ("eps", writer.add_xielu_eps)):
+            add([tensors.pop(f"model.layers.{i}.mlp.act_fn.{key}").item() for i in range(layers)])
     assert config.vocab_size == VOCAB, "build the checkpoint with vocab_size=gguf_files.VOCAB"
     byte_tokenizer(writer, specials, **tokenizer)
     if chat_template is not None:
