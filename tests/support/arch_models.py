@@ -73,7 +73,8 @@ ARCHS: dict[str, dict] = {
     "helium": dict(attention_bias=True, mlp_bias=True, head_dim=16, tie_word_embeddings=False),
     # HunYuan: per-head q/k norms after the rotary, NTK rotary with a fixed alpha, biases.
     "hunyuan_v1_dense": dict(attention_bias=True, head_dim=16, tie_word_embeddings=True,
-                             rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}),
+                             rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                                              "rope_theta": 10000.0}),
     # Apertus: a plain MLP through xIELU, whose per-layer parameters are moved too (below).
     "apertus": dict(hidden_act="xielu", tie_word_embeddings=False,
                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
@@ -105,8 +106,8 @@ ARCHS: dict[str, dict] = {
 # Attention projections scaled up, so that the scores are far from uniform: gpt-oss's sinks,
 # SmolLM3's NoPE layer and the adjacent-pair rotary of GLM and ERNIE change the tokens if
 # the engine gets them wrong (at the initial scale every position weighs about the same).
-SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2", "gemma", "nemotron", "helium", "starcoder2",
-         "hunyuan_v1_dense")
+SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2", "gemma", "nemotron", "helium",
+         "starcoder2", "hunyuan_v1_dense")
 
 
 def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
