@@ -104,8 +104,10 @@ ARCHS: dict[str, dict] = {
 }
 
 # Attention projections scaled up, so that the scores are far from uniform: gpt-oss's sinks,
-# SmolLM3's NoPE layer and the adjacent-pair rotary of GLM and ERNIE change the tokens if
-# the engine gets them wrong (at the initial scale every position weighs about the same).
+# SmolLM3's NoPE layer, the adjacent-pair rotary of GLM, ERNIE and Helium, a norm off by one
+# (Gemma, Nemotron) or left out (StarCoder2) and HunYuan's q/k norms after the rotary
+# change the tokens if the engine gets them wrong (at the initial scale every position
+# weighs about the same, and the embeddings outweigh the layers).
 SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2", "gemma", "nemotron", "helium",
          "starcoder2", "hunyuan_v1_dense")
 
