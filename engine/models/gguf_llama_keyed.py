@@ -112,7 +112,7 @@ def _ernie4_5(config: Any, get, tensors: dict[str, Any]) -> Any:
 
 
 def _glm4(config: Any, get, tensors: dict[str, Any]) -> Any:
-    """GLM-4 (0414): q/k/v biases where the file holds them; its partial rotary is read above."""
+    """GLM-4 (0414): q/k/v biases where the file holds them (its partial rotary: `partial_rotary`)."""
     from transformers import Glm4Config
 
     return Glm4Config(**llama_fields(config), attention_bias="blk.0.attn_q.bias" in tensors,
