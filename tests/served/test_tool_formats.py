@@ -28,7 +28,7 @@ def serve(tiny_model_factory):
 
     llm = tiny_llm(tiny_model_factory("llama31-style-tiny"), LLAMA_TEMPLATE)
     clients = {}
-    for fmt in ("llama3_json", "mistral", "granite", "pythonic"):
+    for fmt in ("llama3_json", "mistral", "granite", "command_r", "pythonic"):
         serving = OpenAIServing(llm, "tiny", tool_call_parser=fmt)
         clients[fmt] = TestClient(create_app(lambda s=serving: s)).__enter__()
     yield clients
@@ -40,12 +40,12 @@ def serve(tiny_model_factory):
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-@pytest.mark.parametrize("fmt", ["llama3_json", "mistral", "granite", "pythonic"])
+@pytest.mark.parametrize("fmt", ["llama3_json", "mistral", "granite", "command_r", "pythonic"])
 def test_a_forced_call_in_each_format_follows_the_schema(serve, fmt):
     bounded = {"type": "function", "function": {"name": "get_weather", "parameters": {  # a random model's
         "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},  # strings never end
         "required": ["city"], "additionalProperties": False}}}
-    body = {"messages": ASK, "tools": [bounded, TIME], "max_tokens": 60, "temperature": 0,
+    body = {"messages": ASK, "tools": [bounded, TIME], "max_tokens": 120, "temperature": 0,  # Command R's is long
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
     choice = serve[fmt].post("/v1/chat/completions", json=body).json()["choices"][0]
     assert choice["message"]["tool_calls"], choice
@@ -57,7 +57,7 @@ def test_a_forced_call_in_each_format_follows_the_schema(serve, fmt):
 
 @pytest.mark.parametrize(("fmt", "text"), [(f, t) for f, t, _, calls in CASES if calls and f != "hermes"])
 def test_generated_calls_in_each_format_are_served_streamed_or_not(serve, fmt, text):
-    body = {"messages": ASK, "tools": [WEATHER, TIME], "max_tokens": 120, "temperature": 0,
+    body = {"messages": ASK, "tools": [WEATHER, TIME], "max_tokens": 180, "temperature": 0,  # Command R's are long
             "structured_outputs": {"regex": literal_regex(text)}}
     whole = serve[fmt].post("/v1/chat/completions", json=body).json()["choices"][0]
     expected = split_calls(text, TOOLS, fmt)

@@ -1,5 +1,5 @@
 """Tool-call texts in each format the server parses (Hermes, Llama-3 JSON, Mistral,
-Granite, pythonic), with the content and calls each must give: the parsers' unit tests
+Granite, Command R, pythonic), with the content and calls each must give: the parsers' unit tests
 and the served round trips check the same cases."""
 
 from __future__ import annotations
@@ -34,6 +34,13 @@ CASES = [
                 '{"name": "get_time", "arguments": {}}]', "Checking.", [PARIS, ("get_time", {})]),
     ("granite", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}]', "", [PARIS]),
     ("granite", "<|tool_call|>[{'name': 'x'}]", "<|tool_call|>[{'name': 'x'}]", []),
+    ("command_r", 'I will look.<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", '
+                  '"parameters": {"city": "Paris", "days": 2}},\n{"tool_call_id": "1", "tool_name": "get_time", '
+                  '"parameters": {}}]<|END_ACTION|>', "I will look.", [PARIS, ("get_time", {})]),
+    ("command_r", '<|START_ACTION|>[{"tool_name": "get_weather", "parameters": {"city": "Paris", "days": 2}}]'
+                  '<|END_ACTION|>', "", [PARIS]),
+    ("command_r", '<|START_ACTION|>[{"tool_name": "launch", "parameters": {}}]<|END_ACTION|>',
+     '<|START_ACTION|>[{"tool_name": "launch", "parameters": {}}]<|END_ACTION|>', []),
     ("pythonic", '[get_weather(city="Paris", days=2), get_time()]', "", [PARIS, ("get_time", {})]),
     ("pythonic", "[1, 2, 3] are numbers", "[1, 2, 3] are numbers", []),
     ("pythonic", "[get_weather(city=open('x'))]", "[get_weather(city=open('x'))]", []),

@@ -1,4 +1,4 @@
-"""Tool-call formats beside Hermes (Llama-3 JSON, Mistral, Granite, pythonic): each parses
+"""Tool-call formats beside Hermes (Llama-3 JSON, Mistral, Granite, Command R, pythonic): each parses
 the same whole or streamed at any cut, leaves what is not a call as content, is picked
 from the chat template, and the pythonic grammar holds calls to their schemas."""
 
@@ -55,6 +55,7 @@ def test_the_format_is_read_from_the_chat_template():
     assert detect("{% if tools %}<|python_tag|>{% endif %}ipython") == "llama3_json"
     assert detect("[AVAILABLE_TOOLS]{{ tools }}[TOOL_CALLS]") == "mistral"
     assert detect("{{ '<|tool_call|>' + message['tool_calls'] | tojson }}") == "granite"
+    assert detect("{{ '<|START_ACTION|>' }}{{ tool_calls | tojson }}{{ '<|END_ACTION|>' }}") == "command_r"
     assert detect("[func_name1(params_name1=params_value1)]") == "pythonic"
     assert detect(None) == detect("{{ messages }}") == "hermes"
 

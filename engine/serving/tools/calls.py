@@ -36,8 +36,9 @@ from engine.serving.openai.protocol import ChatMessage, FunctionCall, NamedToolC
 from engine.serving.reasoning import ReasoningParser, ReasoningParserName
 from engine.serving.tools import pythonic_grammar
 from engine.serving.tools.argstream import ArgStream
-from engine.serving.tools.formats import (CALL_HEAD, FORMATS, GRANITE_TAG, MISTRAL_TAG, Call, CallDelta, TailParser,
-                                         detect, fold, make_call, new_call_id, partial_suffix, streamed_name)
+from engine.serving.tools.formats import (CALL_HEAD, COHERE_END, COHERE_TAG, FORMATS, GRANITE_TAG, MISTRAL_TAG, Call,
+                                         CallDelta, TailParser, detect, fold, make_call, new_call_id, partial_suffix,
+                                         streamed_name)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # How a Hermes block opens when it is a call whose arguments can stream: the name first, then the arguments.
@@ -53,6 +54,8 @@ HOW = {"hermes": "its name and arguments as one JSON object inside <tool_call></
        "llama3_json": "only its name and parameters as one JSON object, calls separated by \"; \"",
        "mistral": "[TOOL_CALLS] and then a JSON list of the calls, each with its name and arguments",
        "granite": "<|tool_call|> and then a JSON list of the calls, each with its name and arguments",
+       "command_r": "<|START_ACTION|>, a JSON list of the calls, each with its tool_call_id, tool_name and "
+                    "parameters, and then <|END_ACTION|>",
        "pythonic": "only a Python list of the calls, with keyword arguments"}
 
 Conversation = list[dict[str, Any]]
@@ -172,6 +175,9 @@ GRAMMAR = {
     # a tag, then a one-call JSON list: Mistral's [TOOL_CALLS], Granite's <|tool_call|>
     **{fmt: (lambda name, tag=tag: f'{tag}[{{"name": {json.dumps(name)}, "arguments": ', "}]", "", tag)
        for fmt, tag in (("mistral", MISTRAL_TAG), ("granite", GRANITE_TAG))},
+    # Command R's one-call list, closed by its end tag
+    "command_r": (lambda name: f'{COHERE_TAG}[{{"tool_call_id": "0", "tool_name": {json.dumps(name)}, "parameters": ',
+                  "}]" + COHERE_END, "", COHERE_TAG),
 }
 
 

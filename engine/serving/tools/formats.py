@@ -1,4 +1,4 @@
-"""Tool-call formats other than Hermes: Llama-3 JSON, Mistral, Granite and pythonic.
+"""Tool-call formats other than Hermes: Llama-3 JSON, Mistral, Granite, Command R and pythonic.
 
 Each is the way a model family writes its calls, and in each the calls take the rest of
 the output once they begin:
@@ -7,6 +7,8 @@ the output once they begin:
                  optionally after <|python_tag|>; only at the start of the output)
     mistral      [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]
     granite      <|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    command_r    <|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather",
+                 "parameters": {"city": "Paris"}}]<|END_ACTION|>    (Command R7B, Command A)
     pythonic     [get_weather(city="Paris"), get_time(zone="UTC")]          (only at the start)
 
 TailParser holds the text back from the marker on and parses it at the end: calls that
@@ -34,6 +36,7 @@ Call = tuple[str, dict[str, Any]]
 PYTHON_TAG = "<|python_tag|>"
 MISTRAL_TAG = "[TOOL_CALLS]"
 GRANITE_TAG = "<|tool_call|>"
+COHERE_TAG, COHERE_END = "<|START_ACTION|>", "<|END_ACTION|>"
 
 
 def _json_calls(text: str, args_keys: tuple[str, ...]) -> list[Call] | None:
@@ -96,6 +99,36 @@ def _granite(text: str) -> list[Call] | None:
     return calls or None
 
 
+def _command_r(text: str) -> list[Call] | None:
+    """One JSON list of {"tool_call_id", "tool_name", "parameters"} up to <|END_ACTION|>."""
+    body, _end, rest = text.partition(COHERE_END)
+    if rest.strip():
+        return None
+    try:
+        items = json.loads(body)
+        jsontext.check_values(items)
+    except Exception:  # noqa: BLE001 - not JSON we would hand a client (depth, NaN, ...): text
+        return None
+    if not isinstance(items, list) or not items:
+        return None
+    calls: list[Call] = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("tool_name"), str):
+            return None
+        args = item.get("parameters", {})
+        if isinstance(args, str):
+            args = jsontext.model_json(args)
+        if not isinstance(args, dict):
+            return None
+        calls.append((item["tool_name"], args))
+    return calls
+
+
+def _command_r_render(calls: list[Call]) -> str:
+    items = [{"tool_call_id": str(i), "tool_name": n, "parameters": a} for i, (n, a) in enumerate(calls)]
+    return COHERE_TAG + json.dumps(items, ensure_ascii=False) + COHERE_END
+
+
 def _pythonic(text: str) -> list[Call] | None:
     try:
         tree = ast.parse(text.strip(), mode="eval").body
@@ -137,6 +170,7 @@ FORMATS = {
                                                       for n, a in calls), True),
     "mistral": ToolFormat((MISTRAL_TAG,), False, _mistral, lambda calls: _tagged_list(MISTRAL_TAG, calls), True),
     "granite": ToolFormat((GRANITE_TAG,), False, _granite, lambda calls: _tagged_list(GRANITE_TAG, calls), True),
+    "command_r": ToolFormat((COHERE_TAG,), False, _command_r, _command_r_render, True),
     "pythonic": ToolFormat(("[",), True, _pythonic,
                            lambda calls: "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items())
                                                          + ")" for n, a in calls) + "]"),
@@ -185,6 +219,8 @@ def detect(template: str | None) -> str:
         return "mistral"
     if GRANITE_TAG in t:
         return "granite"
+    if COHERE_TAG in t:
+        return "command_r"
     if "<tool_call>" in t:
         return "hermes"
     if "func_name1(" in t or "[func_name(" in t:
@@ -197,9 +233,13 @@ def detect(template: str | None) -> str:
 # A JSON call's opening, {"name": ..., "arguments"|"parameters": <first char>: group 1 is the
 # name as written, group 2 the arguments' first character (Hermes blocks open the same way).
 CALL_HEAD = r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(\S)'
+# Command R's, {"tool_call_id": ..., "tool_name": ..., "parameters": <first char>, the same groups.
+COHERE_HEAD = (r'\{\s*(?:"tool_call_id"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*)?"tool_name"\s*:\s*"((?:[^"\\]|\\.)*)"'
+               r'\s*,\s*"parameters"\s*:\s*(\S)')
 # Before it, separators and markers; or Mistral's v11 spelling, name[ARGS]<first char>.
-_SKIP = r'(?:\s|[;,\[\]}]|' + "|".join(map(re.escape, (PYTHON_TAG, MISTRAL_TAG, GRANITE_TAG))) + ")*"
-_HEADS = (re.compile(_SKIP + CALL_HEAD), re.compile(_SKIP + r'([A-Za-z_][\w.\-]*)\[ARGS\]\s*(\S)'))
+_SKIP = r'(?:\s|[;,\[\]}]|' + "|".join(map(re.escape, (PYTHON_TAG, MISTRAL_TAG, GRANITE_TAG, COHERE_TAG))) + ")*"
+_HEADS = (re.compile(_SKIP + CALL_HEAD), re.compile(_SKIP + r'([A-Za-z_][\w.\-]*)\[ARGS\]\s*(\S)'),
+          re.compile(_SKIP + COHERE_HEAD))
 
 
 def streamed_name(head: re.Match[str] | None, names: set[str]) -> str | None:
