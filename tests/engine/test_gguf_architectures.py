@@ -1,10 +1,11 @@
 """GGUF files of every architecture llama.cpp converts that the engine serves (Llama,
-SmolLM3, Granite, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, OLMo 2 and 3, EXAONE 4, and
-Qwen2-MoE and Qwen3-MoE with each layer's experts merged, Mixtral, gpt-oss): tiny ones written
-as llama.cpp's converter writes them, loaded by the engine and run greedy in fp32
-against transformers on the checkpoint they were written from; and with `quantization:
-gguf`, computing on the file's blocks (Q8_0, Q5_0, Q5_1, gpt-oss's MXFP4), against the
-engine on the same file's dequantized values."""
+SmolLM3, Granite, Arcee, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, OLMo 2 and 3,
+EXAONE 4, ERNIE 4.5, GLM-4, Command R and R7B, StarCoder2, Nemotron, StableLM, Apertus,
+and Qwen2-MoE, Qwen3-MoE and OLMoE with each layer's experts merged, Mixtral, gpt-oss):
+tiny ones written as llama.cpp's converter writes them, loaded by the engine and run
+greedy in fp32 against transformers on the checkpoint they were written from; and with
+`quantization: gguf`, computing on the file's blocks (Q8_0, Q5_0, Q5_1, gpt-oss's MXFP4),
+against the engine on the same file's dequantized values."""
 
 from __future__ import annotations
 
@@ -324,7 +325,6 @@ def test_dense_weights_read_from_the_blocks_are_the_fp32_conversions(model_type,
     got, want = dict(read.named_parameters()), dict(converted.named_parameters())
     assert got.keys() == want.keys() and any(name.endswith(".qkv_proj.weight") for name in got)
     assert [name for name in want if got[name].dtype != dtype or not torch.equal(got[name], want[name])] == []
-
 
 
 @pytest.mark.parametrize("pre, text, merge, merged", [
