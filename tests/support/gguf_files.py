@@ -1,9 +1,11 @@
 """Tiny GGUF files of each architecture llama.cpp converts, written with the gguf
 package from a transformers checkpoint: tensors named and transformed as llama.cpp's
-converter names and transforms them (Gemma's norms stored as 1 + w; Phi-3's fused
-projections kept fused; LongRoPE factors as tensors), the metadata keys it writes, and
-the embedded model's tokenizer. F32 tensors keep the checkpoint's values exactly; Q8_0
-(or Q5_0) ones are what a quantized file holds."""
+converter names and transforms them (Gemma's and Nemotron's norms stored as 1 + w; the
+Llama family's q/k rows interleaved; experts merged per layer; Phi-3's fused projections
+kept fused; LongRoPE factors as tensors; Apertus's xIELU parameters as keys), the
+metadata keys it writes, and a small byte-level tokenizer (its `pre` named as the
+converter names it). F32 tensors keep the checkpoint's values exactly; Q8_0 (or Q5_0)
+ones are what a quantized file holds."""
 
 from __future__ import annotations
 
