@@ -210,7 +210,17 @@ def _apertus(config: Any, get, tensors: dict[str, Any]) -> Any:
                          mlp_bias="blk.0.ffn_up.bias" in tensors, architectures=["ApertusForCausalLM"])
 
 
+def _hunyuan(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """HunYuan dense: llama.cpp's converter stretches the rope base by alpha ** (d / (d - 2))
+    and writes the stretched base with no scaling, which is the same rotary as the
+    checkpoint's fixed-alpha NTK; q/k/v/o biases where the file holds them."""
+    from transformers import HunYuanDenseV1Config
+
+    return HunYuanDenseV1Config(**llama_fields(config), attention_bias="blk.0.attn_q.bias" in tensors,
+                                architectures=["HunYuanDenseV1ForCausalLM"])
+
+
 # Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
-BUILDERS = {"apertus": _apertus, "smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": _gemma,
+BUILDERS = {"hunyuan-dense": _hunyuan, "apertus": _apertus, "smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": _gemma,
             "nemotron": _nemotron, "olmoe": _olmoe, "stablelm": _stablelm, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
             "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere, "starcoder2": _starcoder2}

@@ -20,7 +20,7 @@ GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen
              "olmo2": "OLMO2", "olmo3": "OLMO2", "exaone4": "EXAONE4", "ernie4_5": "ERNIE4_5", "glm4": "GLM4",
              "cohere": "COMMAND_R", "cohere2": "COHERE2", "arcee": "ARCEE", "starcoder2": "STARCODER2",
              "nemotron": "NEMOTRON", "olmoe": "OLMOE", "stablelm": "STABLELM",
-             "apertus": "APERTUS"}
+             "apertus": "APERTUS", "hunyuan_v1_dense": "HUNYUAN_DENSE"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -95,7 +95,10 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     rope = config.rope_parameters.get("full_attention", config.rope_parameters)
-    writer.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("alpha"):  # HunYuan's NTK alpha: its converter writes the stretched base, and no scaling
+        writer.add_rope_freq_base(rope["rope_theta"] * rope["alpha"] ** (head_dim / (head_dim - 2)))
+    else:
+        writer.add_rope_freq_base(rope["rope_theta"])
     if getattr(config, "head_dim", None):
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
