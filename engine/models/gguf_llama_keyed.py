@@ -221,6 +221,7 @@ def _hunyuan(config: Any, get, tensors: dict[str, Any]) -> Any:
 
 
 # Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
-BUILDERS = {"hunyuan-dense": _hunyuan, "apertus": _apertus, "smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": _gemma,
-            "nemotron": _nemotron, "olmoe": _olmoe, "stablelm": _stablelm, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
-            "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere, "starcoder2": _starcoder2}
+BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": _gemma, "nemotron": _nemotron,
+            "olmoe": _olmoe, "stablelm": _stablelm, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
+            "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere, "starcoder2": _starcoder2, "apertus": _apertus,
+            "hunyuan-dense": _hunyuan}

@@ -44,9 +44,10 @@ GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight"
           "output.weight": "lm_head.weight"}
 OWN = ("gpt_oss", "mixtral")  # the model types this module converts by its own tables
 # ... and those whose tensors the converter renamed by the gguf package's name map and
-# left otherwise as the checkpoint holds them (no q/k interleaving, no merged experts).
-NAMED = ("hunyuan_v1_dense", "apertus", "gemma", "nemotron", "olmoe", "stablelm", "olmo2", "olmo3", "exaone4", "ernie4_5", "glm4", "cohere",
-         "cohere2", "starcoder2")
+# otherwise left as the checkpoint holds them (no q/k interleaving), but for the norms
+# and merged experts convert_named takes back.
+NAMED = ("gemma", "nemotron", "olmoe", "stablelm", "olmo2", "olmo3", "exaone4", "ernie4_5", "glm4", "cohere",
+         "cohere2", "starcoder2", "apertus", "hunyuan_v1_dense")
 # What the converter added to a norm's weight: Gemma's and Nemotron's (1 + w) are stored whole.
 NORM_ADDED = {"gemma": 1.0, "nemotron": 1.0}
 
