@@ -101,9 +101,7 @@ def _hide_misread(reader: Any) -> Any:
 # their own that `restore` reads. transformers' reader knows none of them: within
 # parsed_once it is shown them as `llama` (Gemma's as `gemma2`, whose SentencePiece
 # tokenizer it builds the same way), for the config's common fields and the tokenizer.
-# SmolLM3's, Granite's and Arcee's tensors are Llama's too (q and k interleaved as Llama's)
-# and its reader converts them; the others' are the checkpoint's, renamed, and
-# engine/models/gguf_tensors.py converts them by llama.cpp's own name map.
+# Their tensors: gguf_llama_keyed.renamed.
 AS_LLAMA = tuple(gguf_llama_keyed.BUILDERS)
 SHOWN_AS = {"gemma": "gemma2"}  # the rest as `llama`
 

@@ -78,7 +78,7 @@ def convert_gguf(gguf: Path, out: Path, blocks: bool = False) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from engine.models import gguf_blocks, gguf_config, gguf_tensors, gguf_tokenizer, registry
+    from engine.models import gguf_blocks, gguf_config, gguf_llama_keyed, gguf_tensors, gguf_tokenizer, registry
 
     keep = (lambda name: not gguf_blocks.on_blocks(name)) if blocks else (lambda name: True)
     with gguf_config.parsed_once():
@@ -88,8 +88,9 @@ def convert_gguf(gguf: Path, out: Path, blocks: bool = False) -> None:
         fields = gguf_package.GGUFReader(gguf).fields
         gguf_tokenizer.set_pre_tokenizer(tokenizer, *(fields[k].contents() if k in fields else None
                                                       for k in ("tokenizer.ggml.pre", "tokenizer.ggml.model")))
-        if config.model_type in gguf_tensors.NAMED:  # renamed alone: by llama.cpp's own name map
-            tensors = gguf_tensors.convert_named(gguf, gguf_config.file_arch(gguf), config, keep)
+        arch = gguf_config.file_arch(gguf)
+        if gguf_llama_keyed.renamed(arch):  # renamed alone: by llama.cpp's own name map
+            tensors = gguf_tensors.convert_named(gguf, arch, config, keep)
         elif gguf_tensors.handles(config):  # files transformers' reader does not convert
             tensors = gguf_tensors.convert(gguf, config, keep)
         else:

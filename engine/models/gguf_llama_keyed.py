@@ -225,3 +225,13 @@ BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": 
             "olmoe": _olmoe, "stablelm": _stablelm, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
             "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere, "starcoder2": _starcoder2, "apertus": _apertus,
             "hunyuan-dense": _hunyuan}
+# Those whose tensors are Llama's too (q and k interleaved as Llama's), which transformers'
+# reader converts; every other one's are the checkpoint's, only renamed
+# (engine/models/gguf_tensors.py convert_named).
+LLAMA_TENSORS = ("smollm3", "granite", "arcee")
+
+
+def renamed(arch: str) -> bool:
+    """Whether a file of this architecture (as llama.cpp names it) holds the checkpoint's
+    tensors under llama.cpp's names, for gguf_tensors.convert_named to name back."""
+    return arch in BUILDERS and arch not in LLAMA_TENSORS

@@ -1,9 +1,10 @@
 """A GGUF file's tensors under a checkpoint's HF names, for the architectures whose files
 transformers' GGUF reader does not convert: gpt-oss (experts in MXFP4, biases, attention
 sinks), Mixtral (which llama.cpp files as `llama` with each layer's experts merged), and
-those whose tensors llama.cpp's converter only renames (`NAMED`: HunYuan, Apertus, Gemma,
-Nemotron, StableLM, OLMo 2 and 3, EXAONE 4, ERNIE 4.5, GLM-4, Command R and R7B, StarCoder2), Gemma's and Nemotron's
-norms stored as 1 + w, and OLMoE's experts merged per layer.
+those whose tensors llama.cpp's converter only renames (gguf_llama_keyed.renamed: Gemma,
+Nemotron, OLMoE, StableLM, OLMo 2 and 3, EXAONE 4, ERNIE 4.5, GLM-4, Command R and R7B,
+StarCoder2, Apertus, HunYuan), but for Gemma's and Nemotron's norms, stored as 1 + w, and
+OLMoE's experts, merged per layer (`convert_named`).
 
 Each tensor is dequantized by the gguf package (MXFP4 included) and renamed as
 llama.cpp's converter named it; the experts come out stacked per layer in the layout the
@@ -43,11 +44,6 @@ GGUF_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
           "output.weight": "lm_head.weight"}
 OWN = ("gpt_oss", "mixtral")  # the model types this module converts by its own tables
-# ... and those whose tensors the converter renamed by the gguf package's name map and
-# otherwise left as the checkpoint holds them (no q/k interleaving), but for the norms
-# and merged experts convert_named takes back.
-NAMED = ("gemma", "nemotron", "olmoe", "stablelm", "olmo2", "olmo3", "exaone4", "ernie4_5", "glm4", "cohere",
-         "cohere2", "starcoder2", "apertus", "hunyuan_v1_dense")
 # What the converter added to a norm's weight: Gemma's and Nemotron's (1 + w) are stored whole.
 NORM_ADDED = {"gemma": 1.0, "nemotron": 1.0}
 

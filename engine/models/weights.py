@@ -295,10 +295,9 @@ def _fused_range(owner, target: str, shard: int) -> tuple[int, int]:
 def _pieces(owner, name: str) -> tuple[str, ...]:
     """The checkpoint tensors an MLP's first GEMM holds; a gate for a plain MLP is the
     checkpoint's error, naming the tensor."""
-    pieces = getattr(owner, "pieces", ("gate_proj", "up_proj"))
-    if name.split(".")[-2] not in pieces:
+    if name.split(".")[-2] not in owner.pieces:
         raise ValueError(f"unexpected weight {name!r} in checkpoint: this architecture's MLP has no gate")
-    return pieces
+    return owner.pieces
 
 
 def _check_complete(model: DecoderForCausalLM, params: dict[str, torch.Tensor], loaded: set[str]) -> None:

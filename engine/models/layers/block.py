@@ -40,7 +40,8 @@ class Flat:
     qk_norm: torch.Tensor | None  # [H + Hkv, D]: the q heads' norm weight, then the k heads'
     qk_eps: float
     qk_all: tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None  # OLMo 2's
-    qk_rotated: tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None  # HunYuan's
+    # HunYuan's per-head q and k norms, after the rotary
+    qk_rotated: tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None
     o: Callable[[torch.Tensor], torch.Tensor]
     gate_up: Callable[[torch.Tensor], torch.Tensor] | None  # None on an expert layer
     glu: bool  # gate_up returns silu(gate) * up itself
@@ -143,8 +144,8 @@ class DecoderLayer(nn.Module):
         attention output normed before it joins the residual; where no RMSNorm follows, OLMo
         2's, Cohere's and the LayerNorm layers', a plain add in place, the LayerNorm a
         module call), the rotary fused, and written flat, with no other nn.Module call or
-        module attribute lookup inside: at batch 1 on quantized weights the Python around the kernels had
-        taken about 95 us a layer, a quarter of the step. On a GPU the module path's forty
+        module attribute lookup inside: at batch 1 on quantized weights the Python around the
+        kernels had taken about 95 us a layer, a quarter of the step. On a GPU the module path's forty
         small kernels a layer had taken more device time than the GEMMs, graphs or not.
         cos and sin are [n, rotary dims]. Returns (residual, pending).
 

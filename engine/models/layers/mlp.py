@@ -43,9 +43,9 @@ class MLP(nn.Module):
         super().__init__()
         self.tp = tp
         self.act_name = act
-        if act == "xielu":  # a module: its parameters are the checkpoint's, per layer
+        if act == "xielu":  # a module: its parameters are the checkpoint's (`act_fn.*`), per layer
             self.act_fn = XIELU()
-            self.act = self.act_fn
+            self.act = self.act_fn.forward  # a bound method, not the module registered a second time
         else:
             self.act = ACTIVATIONS[act]
         self.gated = gated
