@@ -29,23 +29,62 @@ class MoESpec:
     expert_bias: bool = False
     swiglu_limit: float = 0.0
     swiglu_alpha: float = 1.0
+    # DeepSeek-V3's routing (GLM-4.5, dots.llm1) and ERNIE 4.5's: a router whose weight stays
+    # fp32 in a bf16 model and reads the activations in fp32; sigmoid scores; a per-expert
+    # bias that moves the choice but not the weights; the experts in `groups`, of which each
+    # token first keeps the `topk_groups` whose two best scores sum highest; the renormalised
+    # weights' divisor clamped from below (`norm_min`, ERNIE) or nudged (`norm_eps`, GLM);
+    # the weights scaled by `routed_scale`.
+    fp32_router: bool = False
+    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    choice_bias: bool = False
+    groups: int = 1
+    topk_groups: int = 1
+    norm_min: float = 0.0
+    norm_eps: float = 0.0
+    routed_scale: float = 1.0
+    # The shared expert: Qwen2-MoE's scaled by a sigmoid gate; others' added as it is, with
+    # biases where the dense MLP has them (ERNIE 4.5).
+    shared_gated: bool = True
+    shared_bias: bool = False
 
 
 def moe_spec(config, experts: int, top_k: int, inter: int, norm_topk: bool, shared_inter: int = 0,
-             weights_in_dtype: bool = True, **gpt_oss) -> MoESpec:
+             weights_in_dtype: bool = True, layers: frozenset[int] | None = None, **routing) -> MoESpec:
     """The config's experts, checked: a bad count is a ParamError naming its key. The expert
-    layers follow Qwen's `decoder_sparse_step` and `mlp_only_layers` (every layer where a
-    config has neither)."""
+    layers are `layers` where the architecture says which, else Qwen's `decoder_sparse_step`
+    and `mlp_only_layers` (every layer where a config has neither)."""
     from engine.errors import ParamError
 
     if experts < 1:
         raise ParamError("model", f"a mixture-of-experts config needs at least one expert; it has {experts}")
     if not 1 <= top_k <= experts:
         raise ParamError("model", f"num_experts_per_tok ({top_k}) must be between 1 and the expert count ({experts})")
-    step = int(getattr(config, "decoder_sparse_step", 1) or 1)
-    dense = set(getattr(config, "mlp_only_layers", None) or ())
-    layers = frozenset(i for i in range(config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
-    return MoESpec(experts, top_k, inter, norm_topk, layers, shared_inter, weights_in_dtype, **gpt_oss)
+    groups, topk_groups = routing.get("groups", 1), routing.get("topk_groups", 1)
+    if groups > 1 and (experts % groups or experts // groups < 2 or not 1 <= topk_groups <= groups
+                       or top_k > topk_groups * (experts // groups)):
+        raise ParamError("model", f"n_group {groups} and topk_group {topk_groups} do not divide {experts} experts "
+                                  f"into groups of two or more that hold the top {top_k}")
+    if layers is None:
+        step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+        dense = set(getattr(config, "mlp_only_layers", None) or ())
+        layers = frozenset(i for i in range(config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
+    return MoESpec(experts, top_k, inter, norm_topk, layers, shared_inter, weights_in_dtype, **routing)
+
+
+def deepseek_moe(config) -> MoESpec:
+    """DeepSeek-V3's experts as GLM-4.5 and dots.llm1 configure them: dense MLPs on the
+    first `first_k_dense_replace` layers, then sigmoid-scored experts chosen with the
+    correction bias within the best groups, renormalised if norm_topk_prob, scaled by
+    routed_scaling_factor, beside an ungated shared expert."""
+    inter = config.moe_intermediate_size
+    first = int(getattr(config, "first_k_dense_replace", 0) or 0)
+    return moe_spec(config, config.n_routed_experts, config.num_experts_per_tok, inter,
+                    norm_topk=bool(config.norm_topk_prob), shared_inter=inter * int(config.n_shared_experts or 0),
+                    weights_in_dtype=False, layers=frozenset(range(first, config.num_hidden_layers)),
+                    fp32_router=True, scoring="sigmoid", choice_bias=True, groups=int(config.n_group or 1),
+                    topk_groups=int(config.topk_group or 1), norm_eps=1e-20,
+                    routed_scale=float(config.routed_scaling_factor), shared_gated=False)
 
 
 @dataclass(frozen=True)
@@ -74,6 +113,7 @@ class ArchSpec:
     final_softcap: float = 0.0
     logit_divisor: float = 1.0  # Granite's logits_scaling
     logit_scale: float = 1.0  # Cohere's logit_scale, multiplying
+    head_bias: bool = False  # a bias on the LM head (ERNIE 4.5 MoE's use_bias), tied head or not
     windows: tuple[int, ...] = ()  # per layer; 0 is full attention
     tp_ok: bool = True  # whether tensor parallelism can split its layers (checked by engine.config)
     moe: MoESpec | None = None

@@ -105,6 +105,8 @@ class DecoderForCausalLM(nn.Module):
             self.norm = hidden_norm(config, spec)
             if not self.tie:
                 self.lm_head = nn.Linear(config.hidden_size, self.vocab_shard, bias=False)
+            if spec.head_bias:  # beside the head, so that a tied or quantized head takes it alike
+                self.lm_head_bias = nn.Parameter(torch.empty(self.vocab_shard), requires_grad=False)
         # cos/sin for every position, computed in fp32 exactly as transformers does; one
         # table per rope kind (Gemma 3's local layers turn on another base; NoPE layers by zero).
         kinds = rotary.kinds(config, spec.nope)[slice(*self.layer_range)]
@@ -216,6 +218,8 @@ class DecoderForCausalLM(nn.Module):
         h = h[:num_logits] if pooling else h
         head = getattr(self, "head", None)
         logits = (head(h) if head is not None else F.linear(h, self.lm_head_weight)).float()
+        if self.arch.head_bias:
+            logits = logits + self.lm_head_bias.float()
         logits = self._gather(self._finish(logits))
         return (logits, pooled) if pooled is not None and logits is not None else logits
 

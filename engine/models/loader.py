@@ -330,12 +330,14 @@ def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int:
     hd = getattr(config, "head_dim", None) or h // config.num_attention_heads
     q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
     attn = h * q + 2 * h * kv + q * h + 2 * h
-    moe = registry.model_class(config).spec(config).moe
+    spec = registry.model_class(config).spec(config)
+    moe = spec.moe
     layers = config.num_hidden_layers * (attn + 3 * h * inter)
     if moe is not None:
         sparse = moe.experts * (3 * h * moe.inter + h)  # the experts and the router
+        sparse += moe.experts if moe.choice_bias else 0  # the router's choice bias
         if moe.shared_inter:
-            sparse += 3 * h * moe.shared_inter + h  # the shared expert and its gate
+            sparse += 3 * h * moe.shared_inter + (h if moe.shared_gated else 0)  # the shared expert and its gate
         layers += len(moe.layers) * (sparse - 3 * h * inter)
-    embeds = v * h * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    embeds = v * h * (1 if getattr(config, "tie_word_embeddings", False) else 2) + (v if spec.head_bias else 0)
     return (embeds + layers + h) * torch.empty((), dtype=dtype).element_size()

@@ -10,10 +10,13 @@ from engine.models.cohere import Cohere2ForCausalLM, CohereForCausalLM
 from engine.models.decoder import DecoderForCausalLM
 from engine.models.gemma import GemmaForCausalLM
 from engine.models.gemma2 import Gemma2ForCausalLM
+from engine.models.dots1 import Dots1ForCausalLM
 from engine.models.ernie4_5 import Ernie4_5ForCausalLM
+from engine.models.ernie4_5_moe import Ernie4_5_MoeForCausalLM
 from engine.models.exaone4 import Exaone4ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm import Glm4ForCausalLM, GlmForCausalLM
+from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM
 from engine.models.granitemoe import GraniteMoeForCausalLM
@@ -71,6 +74,9 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "gpt_oss": GptOssForCausalLM,
     "granitemoe": GraniteMoeForCausalLM,
     "olmoe": OlmoeForCausalLM,
+    "ernie4_5_moe": Ernie4_5_MoeForCausalLM,
+    "glm4_moe": Glm4MoeForCausalLM,
+    "dots1": Dots1ForCausalLM,
 }
 # Multimodal configs whose language model we serve: their text config is the model's.
 TEXT_OF = {"gemma3": "gemma3_text"}

@@ -46,8 +46,10 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]],
             name = ".".join(parts)
         if name == "lm_head.weight" and model.tie:
             continue
-        if parts[0] in ("embed_tokens", "lm_head", "norm") and name not in params:
+        if parts[0] in ("embed_tokens", "lm_head", "norm") and not _holds(model, parts[0]):
             continue  # held by another pipeline stage
+        if name == "lm_head.bias" and "lm_head_bias" in params:  # beside the head, sliced as its rows
+            name, parts, src = "lm_head_bias", ["lm_head_bias"], _vocab_rows(model, src, model.vocab_shard)
         module, leaf = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", parts[-1])
         if len(parts) >= 5 and parts[-4] == "experts":
             loaded.add(_load_expert(model, params, parts, src))
@@ -83,6 +85,8 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]],
             tensor = _cols(model, owner, module, src) if leaf == "weight" else _bias(model, src)
         elif module in ("embed_tokens", "lm_head"):
             tensor = _vocab_rows(model, src, param.shape[0])
+        elif leaf == "choice_bias":  # ERNIE keeps it as [1, experts]
+            tensor = src[...].reshape(-1)
         elif leaf == "sinks":  # one per query head: this rank's heads
             heads = model.layers[0].self_attn.heads
             tensor = src[heads.q_lo:heads.q_hi]
@@ -94,6 +98,13 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]],
         name, got = next(iter(pairs.items()))
         raise ValueError(f"{name}_{'scales' if 'blocks' in got else 'blocks'} is missing: MXFP4 tensors come in pairs")
     _check_complete(model, {n: p for n, p in params.items() if absent is None or not absent(n)}, loaded)
+
+
+def _holds(model: DecoderForCausalLM, top: str) -> bool:
+    """Whether this pipeline stage holds the embedding (the first; the last too when the
+    head is tied to it) or the final norm and head (the last). A tensor the stage holds
+    but has no parameter for is then the checkpoint's error, not another stage's."""
+    return hasattr(model, "embed_tokens") if top == "embed_tokens" else model.last
 
 
 def _module(model: DecoderForCausalLM, path: str, name: str):

@@ -78,14 +78,16 @@ def test_an_unknown_architecture_is_refused_by_name():
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("model_type", ["gemma2", "qwen2", "qwen2_moe", "gpt_oss", "starcoder2"])
+@pytest.mark.parametrize("model_type", ["gemma2", "qwen2", "qwen2_moe", "gpt_oss", "starcoder2", "ernie4_5_moe"])
 def test_tensor_parallel_windowed_and_biased_architectures_match_transformers(model_type, arch_dir):
     """Gemma 2 (windows on alternate layers, soft-caps, four norms a layer), Qwen2 (QKV
     biases split with their heads, windows on its upper layers), Qwen2-MoE (every
     expert's intermediate split across the ranks, and its shared expert's), gpt-oss
     (sinks split with their heads, expert biases: gate/up's split, down's added once) and
     StarCoder2 (an MLP without a gate, its up rows and biases split, LayerNorm biases)
-    over two tensor ranks."""
+    and ERNIE 4.5 MoE (an fp32 router with its choice bias on every rank, a shared
+    expert without a gate, the LM head's bias split with the vocabulary) over two tensor
+    ranks."""
     path = arch_dir(model_type)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(zlib.crc32(model_type.encode()) + 1)

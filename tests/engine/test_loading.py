@@ -236,3 +236,21 @@ def test_weight_bytes_from_the_config_match_the_built_model(default_model_dir):
     config = loader.load_config(loader.resolve(None))
     model = LlamaForCausalLM(config, 64, None)
     assert loader.weight_bytes(config, torch.float32) == sum(p.numel() * 4 for p in model.parameters())
+
+
+def test_a_head_bias_the_architecture_lacks_is_refused_not_dropped(tmp_path, default_model_dir):
+    """A Llama checkpoint carrying `lm_head.bias` would lose it silently (the loader once
+    took any head tensor it had no parameter for as another pipeline stage's): refused,
+    naming the tensor."""
+    from safetensors.torch import load_file, save_file
+
+    from engine.errors import ParamError
+    from tests.support import arch_models
+
+    path = arch_models.build("llama", tmp_path / "llama", default_model_dir, tie_word_embeddings=False)
+    tensors = load_file(path / "model.safetensors")
+    tensors["lm_head.bias"] = torch.zeros(tensors["lm_head.weight"].shape[0])
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ParamError) as e:
+        LLM(str(path), dtype="float32", max_model_len=64)
+    assert e.value.param == "model" and "lm_head.bias" in str(e.value)

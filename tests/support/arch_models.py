@@ -93,6 +93,21 @@ ARCHS: dict[str, dict] = {
     "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
                        residual_multiplier=0.22, attention_multiplier=0.05, logits_scaling=8.0,
                        tie_word_embeddings=False),
+    # ERNIE 4.5's fp32 router choosing by its probabilities plus a correction bias, a
+    # biased shared expert, a dense first layer.
+    "ernie4_5_moe": dict(use_bias=True, moe_num_experts=4, moe_k=2, moe_intermediate_size=48,
+                         moe_num_shared_experts=1, moe_layer_start_index=1, tie_word_embeddings=True),
+    # DeepSeek-V3's routing: sigmoid scores, a correction bias, the best of two groups
+    # (GLM-4.5, with q/k norms and a partial rotary) or no groups (dots.llm1, windowed),
+    # scaled weights, a shared expert, a dense first layer.
+    "glm4_moe": dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
+                     n_group=2, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                     norm_topk_prob=True, use_qk_norm=True, attention_bias=True, head_dim=16,
+                     partial_rotary_factor=0.5, tie_word_embeddings=False),
+    "dots1": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
+                  n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.5,
+                  norm_topk_prob=False, sliding_window=WINDOW, max_window_layers=1, attention_bias=True,
+                  tie_word_embeddings=False),
     # Sliding and full layers alternating, attention sinks, biased router and experts, a SwiGLU
     # clamp the scaled experts reach, YaRN.
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=WINDOW,
@@ -122,17 +137,22 @@ def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **ove
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.3)
+                # an LM head's bias (ERNIE 4.5 MoE) at the logits' own scale: at the others' it
+                # would pick every token alone
+                p.add_(torch.randn_like(p) * (0.02 if name == "lm_head.bias" else 0.3))
             if ".act_fn." in name:  # xIELU's learned shape (its alphas through softplus) off its initial one
                 p.add_(torch.randn_like(p) * 0.5 if p.dim() else torch.tensor(0.0))
             if name.endswith("sinks"):  # sinks away from zero, some above the scores, some below
                 p.copy_(torch.randn_like(p) * 3.0 + 3.0)
             if name.endswith(("mlp.gate.weight", "mlp.router.weight", "moe.router.weight")):  # a decisive router: no near tie
                 p.mul_(8.0)
-            if ".experts." in name and not name.endswith("bias"):  # experts that move the output: a
-                p.mul_(6.0)  # routing or weighting slip shows
+            if (".experts." in name or ".shared_expert" in name) and not name.endswith("bias"):
+                p.mul_(6.0)  # experts that move the output: a routing or weighting slip shows
             if model_type in SHARP and ".self_attn." in name and name.endswith("weight"):
                 p.mul_(8.0)  # attention sharp enough that what sets its positions apart shows
+        for name, b in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith("e_score_correction_bias"):  # a choice bias large enough to move the choice
+                b.copy_(torch.randn_like(b) * 0.5)
     model.save_pretrained(path)
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():

@@ -90,7 +90,14 @@ def test_bad_expert_configs_are_refused_by_name():
     from engine.models import registry
 
     for model_type, kw, word in (("mixtral", dict(num_local_experts=2, num_experts_per_tok=3), "num_experts_per_tok"),
-                                 ("qwen3_moe", dict(num_experts=0, num_experts_per_tok=1), "expert")):
+                                 ("qwen3_moe", dict(num_experts=0, num_experts_per_tok=1), "expert"),
+                                 # 6 experts in 4 groups, or groups of one (no two best to rank a group by)
+                                 ("glm4_moe", dict(n_routed_experts=6, num_experts_per_tok=2, n_group=4, topk_group=1), "n_group"),
+                                 ("dots1", dict(n_routed_experts=4, num_experts_per_tok=2, n_group=4, topk_group=2,
+                                                moe_intermediate_size=8, n_shared_experts=1), "n_group"),
+                                 # the kept groups hold fewer experts than the top-k
+                                 ("glm4_moe", dict(n_routed_experts=8, n_group=4, topk_group=1,
+                                                   num_experts_per_tok=4), "n_group")):
         config = AutoConfig.for_model(model_type, num_hidden_layers=2, **kw)
         with pytest.raises(ParamError) as e:
             registry.model_class(config).spec(config)
@@ -137,3 +144,44 @@ def test_a_packed_layer_computes_with_the_chosen_experts_alone():
         moe.pack()
         torch.testing.assert_close(moe(x), want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(moe(x[:1]), want[:1], rtol=1e-5, atol=1e-5)  # the one-token path too
+
+
+def test_a_bf16_model_routes_with_its_fp32_router():
+    """DeepSeek-V3-style and ERNIE routers stay fp32 in a bf16 model, as transformers keeps
+    them: two experts whose router rows differ by less than bf16 can tell apart are still
+    told apart, so a token gets the expert its trained router picks."""
+    spec = MoESpec(4, 1, inter=8, norm_topk=False, layers=frozenset({0}), fp32_router=True, scoring="sigmoid",
+                   choice_bias=True, weights_in_dtype=False)
+    moe = SparseMoE(16, spec, "silu", parallel.single().tp)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0.0, 0.3)
+        moe.gate.choice_bias.zero_()
+        row = torch.full((16,), 0.5)
+        moe.gate.weight[:2] = -1.0
+        moe.gate.weight[2] = row
+        moe.gate.weight[3] = row + 1e-4  # the same row in bf16 (1e-4 is under half of 0.5's 2^-9 spacing)
+        assert torch.equal(moe.gate.weight[2].bfloat16(), moe.gate.weight[3].bfloat16())
+    moe = moe.to(torch.bfloat16)
+    assert moe.gate.weight.dtype == torch.float32 and moe.experts_gate_up.dtype == torch.bfloat16
+    x = torch.ones(3, 16, dtype=torch.bfloat16)
+    experts, weights = moe.route(x)
+    assert experts.flatten().tolist() == [3, 3, 3]
+    assert moe(x).dtype == torch.bfloat16
+
+
+def test_the_choice_bias_picks_the_experts_but_not_their_weights():
+    """e_score_correction_bias balances the load: it moves which experts a token gets,
+    while their weights stay the router's own scores (renormalised and scaled)."""
+    spec = MoESpec(4, 2, inter=8, norm_topk=True, layers=frozenset({0}), fp32_router=True, scoring="sigmoid",
+                   choice_bias=True, weights_in_dtype=False, norm_eps=1e-20, routed_scale=2.5)
+    moe = SparseMoE(4, spec, "silu", parallel.single().tp)
+    with torch.no_grad():
+        moe.gate.weight.copy_(torch.eye(4) * 4.0)
+        moe.gate.choice_bias.copy_(torch.tensor([0.0, 0.0, 0.0, 5.0]))
+    x = torch.tensor([[1.0, 0.8, 0.0, 0.0]])  # scores: expert 0 > 1 > 2 = 3
+    experts, weights = moe.route(x)
+    scores = torch.sigmoid(x @ moe.gate.weight.t())[0]
+    assert sorted(experts[0].tolist()) == [0, 3]  # the bias brought expert 3 in ahead of 1
+    picked = scores[experts[0]]
+    torch.testing.assert_close(weights[0], picked / picked.sum() * 2.5)

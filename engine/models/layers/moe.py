@@ -25,6 +25,29 @@ from engine.models.arch import MoESpec
 from engine.models.layers.mlp import ACTIVATIONS, MLP
 
 
+class Fp32Router(nn.Module):
+    """A router whose weight (and choice bias) stay fp32 whatever dtype the model is cast
+    to, as transformers keeps DeepSeek-V3-style and ERNIE routers: a bf16 copy would move
+    near-tied scores and so change which experts a token gets. A cast of the model moves
+    it to the new device only (and it is no nn.Linear, so nothing packs or quantizes it)."""
+
+    def __init__(self, hidden: int, experts: int, choice_bias: bool) -> None:
+        super().__init__()
+        self.in_features = hidden
+        self.weight = nn.Parameter(torch.empty(experts, hidden), requires_grad=False)
+        # added to the scores for the choice of experts only (e_score_correction_bias)
+        self.choice_bias = nn.Parameter(torch.zeros(experts), requires_grad=False) if choice_bias else None
+
+    def _apply(self, fn, recurse: bool = True):
+        device = fn(torch.zeros(())).device  # the cast's device; its dtype is not this router's
+        for p in self.parameters():
+            p.data = p.data.to(device=device, dtype=torch.float32)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.float(), self.weight)
+
+
 class SparseMoE(nn.Module):
     def __init__(self, hidden: int, spec: MoESpec, act: str, tp: parallel.Group) -> None:
         super().__init__()
@@ -32,15 +55,19 @@ class SparseMoE(nn.Module):
         self.act, self.act_name = ACTIVATIONS[act], act
         self.inter_range = parallel.split(spec.inter, tp.size, tp.rank)
         self.inter = self.inter_range[1] - self.inter_range[0]
-        self.gate = nn.Linear(hidden, spec.experts, bias=spec.router_bias)  # the router
+        if spec.fp32_router:
+            self.gate: nn.Module = Fp32Router(hidden, spec.experts, spec.choice_bias)
+        else:
+            self.gate = nn.Linear(hidden, spec.experts, bias=spec.router_bias)  # the router
         self.experts_gate_up = nn.Parameter(torch.empty(spec.experts, 2 * self.inter, hidden))
         self.experts_down = nn.Parameter(torch.empty(spec.experts, hidden, self.inter))
         if spec.expert_bias:  # gpt-oss; the down bias on tensor rank 0 only, as the dense layers'
             self.experts_gate_up_bias = nn.Parameter(torch.empty(spec.experts, 2 * self.inter))
             self.experts_down_bias = nn.Parameter(torch.empty(spec.experts, hidden))
         if spec.shared_inter:
-            self.shared_expert = MLP(hidden, spec.shared_inter, act, False, tp)
-            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+            self.shared_expert = MLP(hidden, spec.shared_inter, act, spec.shared_bias, tp)
+            if spec.shared_gated:
+                self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
         # each expert's two projections as prepacked GEMMs, once packed (CPU: engine/models/packed_linear.py)
         self.packed: list[tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = []
         # `quantization: mxfp4`: each expert's checkpoint MXFP4 rows as GGML blocks, by
@@ -104,11 +131,35 @@ class SparseMoE(nn.Module):
             logits = self.gate(x)
             top, experts = torch.topk(logits.float() if self.spec.router_fp32 else logits, self.spec.top_k, dim=-1)
             return experts, F.softmax(top, dim=1, dtype=top.dtype).to(x.dtype)
-        probs = F.softmax(self.gate(x).float(), dim=-1)
-        weights, experts = torch.topk(probs, self.spec.top_k, dim=-1)
-        if self.spec.norm_topk:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return experts, (weights.to(x.dtype) if self.spec.weights_in_dtype else weights)
+        spec = self.spec
+        logits = self.gate(x).float()
+        scores = torch.sigmoid(logits) if spec.scoring == "sigmoid" else F.softmax(logits, dim=-1)
+        if spec.choice_bias or spec.groups > 1:
+            experts = self._choose(scores)
+            weights = scores.gather(1, experts)
+        else:
+            weights, experts = torch.topk(scores, spec.top_k, dim=-1)
+        if spec.norm_topk:
+            total = weights.sum(dim=-1, keepdim=True)
+            weights = weights / (total.clamp(min=spec.norm_min) if spec.norm_min else
+                                 total + spec.norm_eps if spec.norm_eps else total)
+        if spec.routed_scale != 1.0:
+            weights = weights * spec.routed_scale
+        return experts, (weights.to(x.dtype) if spec.weights_in_dtype else weights)
+
+    def _choose(self, scores: torch.Tensor) -> torch.Tensor:
+        """Each token's top-k experts by their scores plus the choice bias, among the experts
+        of its best `topk_groups` groups (a group ranked by its two best such scores):
+        DeepSeek-V3's selection, whose top-k transformers takes unsorted."""
+        spec = self.spec
+        choice = scores + self.gate.choice_bias if spec.choice_bias else scores
+        if spec.groups > 1:
+            per = spec.experts // spec.groups
+            ranked = choice.view(-1, spec.groups, per).topk(2, dim=-1)[0].sum(dim=-1)
+            kept = torch.topk(ranked, spec.topk_groups, dim=-1, sorted=False)[1]
+            mask = torch.zeros_like(ranked).scatter_(1, kept, 1.0).bool().repeat_interleave(per, dim=1)
+            choice = choice.masked_fill(~mask, float("-inf"))
+        return torch.topk(choice, spec.top_k, dim=-1, sorted=spec.scoring != "sigmoid")[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         experts, weights = self.route(x)
@@ -121,7 +172,8 @@ class SparseMoE(nn.Module):
             out = self._grouped(x, experts, weights)
         out = self.tp.all_reduce(out)
         if self.spec.shared_inter:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            shared = self.shared_expert(x)
+            out = out + (torch.sigmoid(self.shared_expert_gate(x)) * shared if self.spec.shared_gated else shared)
         return out
 
     def _one_token(self, x: torch.Tensor, experts: list[int], weights: torch.Tensor) -> torch.Tensor:
