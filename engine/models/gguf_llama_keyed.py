@@ -220,11 +220,68 @@ def _hunyuan(config: Any, get, tensors: dict[str, Any]) -> Any:
                                 architectures=["HunYuanDenseV1ForCausalLM"])
 
 
+def _ernie4_5_moe(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """ERNIE 4.5 MoE: its experts from the first MoE layer (llama.cpp's leading dense count)
+    every interleave step to the last layer, as llama.cpp builds them; biases where the
+    file holds them."""
+    from transformers import Ernie4_5_MoeConfig
+
+    return Ernie4_5_MoeConfig(**llama_fields(config), use_bias="blk.0.attn_q.bias" in tensors,
+                              moe_num_experts=int(get("expert_count")), moe_k=int(get("expert_used_count")),
+                              moe_intermediate_size=int(get("expert_feed_forward_length")),
+                              moe_num_shared_experts=int(get("expert_shared_count", 0)),
+                              moe_layer_start_index=int(get("leading_dense_block_count", 1)),
+                              moe_layer_interval=int(get("interleave_moe_layer_step", 1)), moe_layer_end_index=-1,
+                              architectures=["Ernie4_5_MoeForCausalLM"])
+
+
+def _deepseek_moe(get) -> dict[str, Any]:
+    """DeepSeek-V3's expert settings as llama.cpp writes them for GLM-4.5 and dots.llm1. Its
+    converters write no expert groups (both families route over one), and its sigmoid
+    gating is the only one these configs compute: a file that says otherwise is refused."""
+    gating = get("expert_gating_func")
+    if gating not in (None, 2):  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+        raise ParamError("model", f"this GGUF's expert_gating_func is {gating}; its architecture gates by sigmoid (2)")
+    return dict(n_routed_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")),
+                moe_intermediate_size=int(get("expert_feed_forward_length")),
+                n_shared_experts=int(get("expert_shared_count", 0)),
+                first_k_dense_replace=int(get("leading_dense_block_count", 0)),
+                routed_scaling_factor=float(get("expert_weights_scale", 1.0)),
+                norm_topk_prob=bool(get("expert_weights_norm", False)), n_group=1, topk_group=1)
+
+
+def main_layers(get, layers: int) -> int:
+    """The decoder's own layers: GLM-4.5's converter counts its multi-token-prediction layers
+    in block_count and writes them after the last one."""
+    return layers - int(get("nextn_predict_layers", 0) or 0)
+
+
+def _glm4_moe(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """GLM-4.5 and 4.6: q/k/v biases and per-head q/k norms where the file holds them (its
+    partial rotary: `partial_rotary`), DeepSeek-V3's experts; its MTP layers left out."""
+    from transformers import Glm4MoeConfig
+
+    fields = llama_fields(config)
+    fields["num_hidden_layers"] = main_layers(get, fields["num_hidden_layers"])
+    return Glm4MoeConfig(**fields, attention_bias="blk.0.attn_q.bias" in tensors,
+                         use_qk_norm="blk.0.attn_q_norm.weight" in tensors, **_deepseek_moe(get),
+                         architectures=["Glm4MoeForCausalLM"])
+
+
+def _dots1(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """dots.llm1: Qwen3's attention (q/k/v/o biases where the file holds them; its converter
+    writes no window), DeepSeek-V3's experts."""
+    from transformers import Dots1Config
+
+    return Dots1Config(**llama_fields(config), attention_bias="blk.0.attn_q.bias" in tensors, sliding_window=None,
+                       **_deepseek_moe(get), architectures=["Dots1ForCausalLM"])
+
+
 # Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
 BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": _gemma, "nemotron": _nemotron,
             "olmoe": _olmoe, "stablelm": _stablelm, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
             "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere, "starcoder2": _starcoder2, "apertus": _apertus,
-            "hunyuan-dense": _hunyuan}
+            "hunyuan-dense": _hunyuan, "ernie4_5-moe": _ernie4_5_moe, "glm4moe": _glm4_moe, "dots1": _dots1}
 # Those whose tensors are Llama's too (q and k interleaved as Llama's), which transformers'
 # reader converts; every other one's are the checkpoint's, only renamed
 # (engine/models/gguf_tensors.py convert_named).

@@ -2,9 +2,10 @@
 transformers' GGUF reader does not convert: gpt-oss (experts in MXFP4, biases, attention
 sinks), Mixtral (which llama.cpp files as `llama` with each layer's experts merged), and
 those whose tensors llama.cpp's converter only renames (gguf_llama_keyed.renamed: Gemma,
-Nemotron, OLMoE, StableLM, OLMo 2 and 3, EXAONE 4, ERNIE 4.5, GLM-4, Command R and R7B,
-StarCoder2, Apertus, HunYuan), but for Gemma's and Nemotron's norms, stored as 1 + w, and
-OLMoE's experts, merged per layer (`convert_named`).
+Nemotron, OLMoE, StableLM, OLMo 2 and 3, EXAONE 4, ERNIE 4.5 and its MoE, GLM-4, GLM-4.5,
+dots.llm1, Command R and R7B, StarCoder2, Apertus, HunYuan), but for Gemma's and Nemotron's
+norms, stored as 1 + w, the MoE families' experts, merged per layer, and GLM-4.5's
+multi-token-prediction layer, left out (`convert_named`).
 
 Each tensor is dequantized by the gguf package (MXFP4 included) and renamed as
 llama.cpp's converter named it; the experts come out stacked per layer in the layout the
@@ -65,15 +66,20 @@ def convert_named(path: Path, arch: str, config: Any, keep: Callable[[str], bool
     names = gguf.get_tensor_name_map({v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch], config.num_hidden_layers)
     theirs: dict[str, str] = {}
     for hf_name in skeleton.state_dict():
-        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))  # the suffix kept
+        gguf_name = names.get_name(_as_converted(hf_name), try_suffixes=(".weight", ".bias"))  # the suffix kept
         if gguf_name is not None:
             theirs.setdefault(gguf_name, hf_name)
     reader = gguf.GGUFReader(path)
     out: dict[str, torch.Tensor] = _xielu(reader, config) if config.model_type == "apertus" else {}
     experts: dict[tuple[int, str], torch.Tensor] = {}
+    nextn = reader.fields.get(f"{arch}.nextn_predict_layers")
+    mtp = range(config.num_hidden_layers, config.num_hidden_layers + (int(nextn.contents()) if nextn else 0))
     for t in reader.tensors:
         if t.name == "rope_freqs.weight" or not keep(t.name):  # the divisors are in the config's rope scaling
             continue
+        block = re.match(r"blk\.(\d+)\.", t.name)
+        if block is not None and int(block[1]) in mtp:
+            continue  # a multi-token-prediction layer after the decoder's own (GLM-4.5's; gguf_llama_keyed.main_layers)
         merged = re.fullmatch(r"blk\.(\d+)\.(ffn_(?:gate|up|down)_exps\.weight)", t.name)
         if t.name not in theirs and merged is None:
             raise ValueError(f"unexpected GGUF tensor {t.name!r} for {config.model_type}")
@@ -87,6 +93,18 @@ def convert_named(path: Path, arch: str, config: Any, keep: Callable[[str], bool
     for i in sorted({i for i, _ in experts}):
         out.update(_experts(config, i, experts, True))
     return out
+
+
+# transformers' module tree against the checkpoint names llama.cpp's converter read: ERNIE 4.5
+# MoE's correction bias sits beside its router in a checkpoint, and every DeepSeek-style
+# `e_score_correction_bias` goes to the converter's name map as `e_score_correction.bias`.
+CONVERTED_AS = ((".mlp.gate.moe_statics.", ".mlp.moe_statics."), ("e_score_correction_bias", "e_score_correction.bias"))
+
+
+def _as_converted(hf_name: str) -> str:
+    for ours, theirs in CONVERTED_AS:
+        hf_name = hf_name.replace(ours, theirs)
+    return hf_name
 
 
 def _xielu(reader: Any, config: Any) -> dict[str, torch.Tensor]:

@@ -1,7 +1,8 @@
 """GGUF files of every architecture llama.cpp converts that the engine serves (Llama,
 SmolLM3, Granite, Arcee, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3, Phi-3, OLMo 2 and 3,
 EXAONE 4, ERNIE 4.5, GLM-4, Command R and R7B, StarCoder2, Nemotron, StableLM, Apertus,
-and Qwen2-MoE, Qwen3-MoE and OLMoE with each layer's experts merged, Mixtral, gpt-oss):
+and Qwen2-MoE, Qwen3-MoE, OLMoE, ERNIE 4.5 MoE, GLM-4.5 and dots.llm1 with each layer's
+experts merged, Mixtral, gpt-oss):
 tiny ones written as llama.cpp's converter writes them, loaded by the engine and run
 greedy in fp32 against transformers on the checkpoint they were written from; and with
 `quantization: gguf`, computing on the file's blocks (Q8_0, Q5_0, Q5_1, gpt-oss's MXFP4),
@@ -68,6 +69,11 @@ GGUF_OVERRIDES = {
     "stablelm": dict(),
     "apertus": dict(),
     "hunyuan_v1_dense": dict(),
+    # llama.cpp's MoE layers run to the last; no expert groups (GLM-4.5's and dots.llm1's
+    # converters write none); dots.llm1 without windows (its converter writes none).
+    "ernie4_5_moe": dict(moe_intermediate_size=64),
+    "glm4_moe": dict(moe_intermediate_size=64, n_group=1, topk_group=1, partial_rotary_factor=0.25),
+    "dots1": dict(moe_intermediate_size=64, sliding_window=None),
 }
 
 
@@ -185,11 +191,34 @@ def test_gpt_oss_computes_on_its_mxfp4_blocks(tmp_path, default_model_dir):
             LLM(str(damaged), dtype="float32", max_model_len=64, quantization=quantization)
 
 
+def test_a_glm4_moe_gguf_leaves_its_multi_token_prediction_layer_out(tmp_path, default_model_dir):
+    """GLM-4.5's converter appends its MTP layer as one more block, counted in block_count
+    and named by nextn_predict_layers: the decoder is the layers before it, read from the
+    F32 file (transformers' tokens) and computed on a Q8_0 file's blocks (the same file's
+    dequantized tokens)."""
+    hf_dir = arch_models.build("glm4_moe", tmp_path / "hf", default_model_dir, vocab_size=gguf_files.VOCAB,
+                               **GGUF_OVERRIDES["glm4_moe"])
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    prompts = prompts_for("glm4_moe")
+    f32 = gguf_files.write(hf_dir, tmp_path / "mtp-f32.gguf", mtp_layers=1)
+    llm = LLM(str(f32), dtype="float32", max_model_len=64, block_size=8, quantization=None)
+    assert llm.engine.hf_config.num_hidden_layers == 3
+    assert engine_greedy(llm, prompts, 12, ignore_eos=True) == hf_greedy(hf, prompts, 12, None)
+    del llm
+    q8 = gguf_files.write(hf_dir, tmp_path / "mtp-q8.gguf", "Q8_0", mtp_layers=1)
+    dense = LLM(str(q8), dtype="float32", max_model_len=64, block_size=8, quantization=None)
+    want = engine_greedy(dense, prompts, 12, ignore_eos=True)
+    del dense
+    blocks = LLM(str(q8), dtype="float32", max_model_len=64, block_size=8, quantization="gguf")
+    assert engine_greedy(blocks, prompts, 12, ignore_eos=True) == want
+
+
 @pytest.mark.parametrize("model_type, qtype", [("llama", "Q8_0"), ("smollm3", "Q8_0"), ("granite", "Q5_1"),
                                                ("qwen3", "Q8_0"), ("phi3", "Q8_0"), ("gemma3_text", "Q5_0"),
                                                ("qwen2_moe", "Q5_1"), ("mixtral", "Q8_0"), ("olmo3", "Q8_0"),
                                                ("exaone4", "Q5_1"), ("glm4", "Q8_0"),
-                                               ("arcee", "Q8_0"), ("starcoder2", "Q8_0"), ("olmoe", "Q8_0")])
+                                               ("arcee", "Q8_0"), ("starcoder2", "Q8_0"), ("olmoe", "Q8_0"),
+                                               ("ernie4_5_moe", "Q8_0"), ("glm4_moe", "Q5_1"), ("dots1", "Q8_0")])
 def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, written):
     """Llama's q and k rows come interleaved, beside its rope_freqs.weight, and so do SmolLM3's
     and Granite's, filed under their own names with Llama's tensors; Qwen3's are not
@@ -197,7 +226,8 @@ def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, writt
     GELU, Qwen2-MoE's experts are merged per layer beside a shared expert, Mixtral's q and k
     are interleaved as a Llama's; OLMo 3's and EXAONE 4's converted by llama.cpp's name map
     alone, GLM-4's with gate and up fused and q/k rows turned to rotate-half's pairs,
-    Arcee's and StarCoder2's MLPs without a gate, OLMoE's experts merged: each read from the
+    Arcee's and StarCoder2's MLPs without a gate, OLMoE's experts merged, ERNIE 4.5 MoE's,
+    GLM-4.5's and dots.llm1's beside a shared expert and a correction bias: each read from the
     blocks as the dequantized path reads them. Q5_0 is what Q4_K_M files hold where a row
     is not a multiple of 256 (Gemma 3 270M, Qwen2.5 0.5B)."""
     _, gguf = written(model_type, qtype)

@@ -1,7 +1,8 @@
 """Tiny GGUF files of each architecture llama.cpp converts, written with the gguf
 package from a transformers checkpoint: tensors named and transformed as llama.cpp's
 converter names and transforms them (Gemma's and Nemotron's norms stored as 1 + w; the
-Llama family's q/k rows interleaved; experts merged per layer; Phi-3's fused projections
+Llama family's q/k rows interleaved; experts merged per layer; GLM-4.5's multi-token-prediction
+block after the last layer; Phi-3's fused projections
 kept fused; LongRoPE factors as tensors; Apertus's xIELU parameters as keys), the
 metadata keys it writes, and a small byte-level tokenizer (its `pre` named as the
 converter names it). F32 tensors keep the checkpoint's values exactly; Q8_0 (or Q5_0)
@@ -20,7 +21,8 @@ GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen
              "olmo2": "OLMO2", "olmo3": "OLMO2", "exaone4": "EXAONE4", "ernie4_5": "ERNIE4_5", "glm4": "GLM4",
              "cohere": "COMMAND_R", "cohere2": "COHERE2", "arcee": "ARCEE", "starcoder2": "STARCODER2",
              "nemotron": "NEMOTRON", "olmoe": "OLMOE", "stablelm": "STABLELM",
-             "apertus": "APERTUS", "hunyuan_v1_dense": "HUNYUAN_DENSE"}
+             "apertus": "APERTUS", "hunyuan_v1_dense": "HUNYUAN_DENSE", "ernie4_5_moe": "ERNIE4_5_MOE",
+             "glm4_moe": "GLM4_MOE", "dots1": "DOTS1"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -29,7 +31,10 @@ EXPERT_KEYS = {"qwen2_moe": ("num_experts", "moe_intermediate_size"),
                "qwen3_moe": ("num_experts", "moe_intermediate_size"),
                "gpt_oss": ("num_local_experts", "intermediate_size"),
                "mixtral": ("num_local_experts", "intermediate_size"),
-               "olmoe": ("num_experts", "intermediate_size")}
+               "olmoe": ("num_experts", "intermediate_size"),
+               "ernie4_5_moe": ("moe_num_experts", "moe_intermediate_size"),
+               "glm4_moe": ("n_routed_experts", "moe_intermediate_size"),
+               "dots1": ("n_routed_experts", "moe_intermediate_size")}
 
 
 def byte_tokenizer(writer, specials: tuple[str, ...] = (), vocab: int = VOCAB, pre: str = "default",
@@ -59,10 +64,12 @@ def byte_tokenizer(writer, specials: tuple[str, ...] = (), vocab: int = VOCAB, p
 
 
 def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None = None,
-          specials: tuple[str, ...] = (), mxfp4_experts: bool = False, **tokenizer) -> Path:
+          specials: tuple[str, ...] = (), mxfp4_experts: bool = False, mtp_layers: int = 0, **tokenizer) -> Path:
     """`chat_template` and its `specials` (control tokens) go in the tokenizer, as a chat
     model's converter writes them; `mxfp4_experts` writes merged experts in GGML's MXFP4;
-    `tokenizer` holds byte_tokenizer's `pre` and `merges`."""
+    `mtp_layers` appends that many multi-token-prediction blocks after the last layer, as
+    GLM-4.5's converter does (a copy of the last layer with its `nextn.*` tensors, counted
+    in block_count); `tokenizer` holds byte_tokenizer's `pre` and `merges`."""
     import gguf
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -76,7 +83,9 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_block_count(layers)
+    writer.add_block_count(layers + mtp_layers)
+    if mtp_layers:
+        writer.add_nextn_predict_layers(mtp_layers)
     writer.add_head_count(heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     if config.model_type in ("cohere", "cohere2"):  # LayerNorm, and a logit scale
@@ -136,8 +145,22 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_expert_feed_forward_length(size)
     if config.model_type == "qwen2_moe":
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
-    if config.model_type in ("qwen2_moe", "qwen3_moe", "olmoe"):
-        tensors = _merge_experts(tensors, config.num_hidden_layers, config.num_experts)
+    if config.model_type == "ernie4_5_moe":  # the first MoE layer as the leading dense count
+        writer.add_interleave_moe_layer_step(config.moe_layer_interval)
+        writer.add_leading_dense_block_count(config.moe_layer_start_index)
+        writer.add_expert_shared_count(config.moe_num_shared_experts)
+    if config.model_type in ("glm4_moe", "dots1"):  # DeepSeek-V3's experts; no groups written
+        writer.add_leading_dense_block_count(config.first_k_dense_replace)
+        writer.add_expert_shared_count(config.n_shared_experts)
+        writer.add_expert_weights_scale(config.routed_scaling_factor)
+        writer.add_expert_weights_norm(config.norm_topk_prob)
+    if config.model_type == "glm4_moe":
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
+    if config.model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "ernie4_5_moe", "glm4_moe", "dots1"):
+        tensors = _merge_experts(tensors, config.num_hidden_layers, getattr(config, EXPERT_KEYS[config.model_type][0]))
+    if config.model_type in ("ernie4_5_moe", "glm4_moe", "dots1"):  # as its converter renames it for the name map
+        tensors = {k.replace("e_score_correction_bias", "e_score_correction.bias"): v for k, v in tensors.items()}
     if config.model_type == "gpt_oss":
         writer.add_sliding_window(config.sliding_window)
         tensors = _gpt_oss_experts(tensors, config.num_hidden_layers)
@@ -155,11 +178,13 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         for key, add in (("alpha_p", writer.add_xielu_alpha_p), ("alpha_n", writer.add_xielu_alpha_n),
                          ("beta", writer.add_xielu_beta), ("eps", writer.add_xielu_eps)):
             add([tensors.pop(f"model.layers.{i}.mlp.act_fn.{key}").item() for i in range(layers)])
+    for k in range(mtp_layers):
+        tensors.update(_mtp_block(tensors, layers - 1, layers + k, config.hidden_size))
     assert config.vocab_size == VOCAB, "build the checkpoint with vocab_size=gguf_files.VOCAB"
     byte_tokenizer(writer, specials, **tokenizer)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
-    names = gguf.get_tensor_name_map(arch, layers)
+    names = gguf.get_tensor_name_map(arch, layers + mtp_layers)
     for hf_name, tensor in tensors.items():
         if hf_name.startswith(("rope_factors", "rope_freqs", "blk.")):  # named already (merged experts)
             gguf_name = hf_name
@@ -242,6 +267,19 @@ def _merge_experts(tensors: dict[str, torch.Tensor], layers: int, experts: int, 
             names = [f"model.layers.{i}.{block}.experts.{e}.{proj}.weight" for e in range(experts)]
             if names[0] in tensors:
                 out[f"blk.{i}.{merged}.weight"] = torch.stack([tensors[n] for n in names])
+    return out
+
+
+def _mtp_block(tensors: dict[str, torch.Tensor], last: int, block: int, hidden: int) -> dict[str, torch.Tensor]:
+    """A multi-token-prediction block as GLM-4.5's converter appends it: a decoder layer
+    (here the last one's tensors again) and its nextn projections and norms."""
+    out = {}
+    for old, new in ((f"model.layers.{last}.", f"model.layers.{block}."), (f"blk.{last}.", f"blk.{block}.")):
+        out.update({new + k[len(old):]: v.clone() for k, v in tensors.items() if k.startswith(old)})
+    gen = torch.Generator().manual_seed(block)
+    out[f"blk.{block}.nextn.eh_proj.weight"] = torch.randn(hidden, 2 * hidden, generator=gen)
+    out[f"blk.{block}.nextn.enorm.weight"] = torch.ones(hidden)
+    out[f"blk.{block}.nextn.hnorm.weight"] = torch.ones(hidden)
     return out
 
 
