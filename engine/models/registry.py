@@ -18,8 +18,8 @@ from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
-from engine.models.granite import GraniteForCausalLM
-from engine.models.granitemoe import GraniteMoeForCausalLM
+from engine.models.granite import GraniteForCausalLM, GraniteSwaForCausalLM
+from engine.models.granitemoe import GraniteMoeForCausalLM, GraniteMoeSwaForCausalLM
 from engine.models.helium import HeliumForCausalLM
 from engine.models.hunyuan import HunYuanDenseV1ForCausalLM
 from engine.models.llama import LlamaForCausalLM
@@ -73,6 +73,9 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "qwen3_moe": Qwen3MoeForCausalLM,
     "gpt_oss": GptOssForCausalLM,
     "granitemoe": GraniteMoeForCausalLM,
+    "granitemoeshared": GraniteMoeForCausalLM,  # its shared expert: shared_intermediate_size
+    "granite_swa": GraniteSwaForCausalLM,
+    "granitemoe_swa": GraniteMoeSwaForCausalLM,
     "olmoe": OlmoeForCausalLM,
     "ernie4_5_moe": Ernie4_5_MoeForCausalLM,
     "glm4_moe": Glm4MoeForCausalLM,

@@ -61,7 +61,7 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]],
         if module in PREFUSED:
             name = ".".join(parts)
             param = params[name]
-            for shard, (base, piece) in enumerate(_prefused_pieces(model, module)):
+            for shard, (base, piece) in enumerate(_prefused_pieces(model, module, owner)):
                 start, size = _fused_range(owner, module, shard)
                 lo, hi = _rows_range(model, owner, piece)
                 _copy(param[start:start + size], _rotary_order(model, piece, src[base + lo:base + hi]), name)
@@ -156,14 +156,15 @@ def rotary_order(model: DecoderForCausalLM, heads: int) -> torch.Tensor:
     return (torch.arange(heads)[:, None] * d + order).reshape(-1)
 
 
-def _prefused_pieces(model: DecoderForCausalLM, module: str) -> list[tuple[int, str]]:
-    """Where each piece of an already-fused checkpoint tensor starts, and what it is."""
+def _prefused_pieces(model: DecoderForCausalLM, module: str, owner) -> list[tuple[int, str]]:
+    """Where each piece of an already-fused checkpoint tensor starts, and what it is (an
+    MLP's by its own intermediate size: a shared expert's is not the dense MLP's)."""
     config = model.config
     if module == "qkv_proj":
         d = model.layers[0].self_attn.head_dim
         q, kv = config.num_attention_heads * d, (config.num_key_value_heads or config.num_attention_heads) * d
         return [(0, "q_proj"), (q, "k_proj"), (q + kv, "v_proj")]
-    return [(0, "gate_proj"), (config.intermediate_size, "up_proj")]
+    return [(0, "gate_proj"), (owner.intermediate, "up_proj")]
 
 
 def _cols(model: DecoderForCausalLM, owner, module: str, src) -> torch.Tensor:

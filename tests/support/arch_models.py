@@ -108,6 +108,21 @@ ARCHS: dict[str, dict] = {
                   n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.5,
                   norm_topk_prob=False, sliding_window=WINDOW, max_window_layers=1, attention_bias=True,
                   tie_word_embeddings=False),
+    # Granite SWA: Granite's multipliers, windowed layers, a sink per head, a rope base per
+    # layer and a layer without rotary (base 0); its MoE with a shared expert, with and
+    # without the SWA attention.
+    "granite_swa": dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.05,
+                        logits_scaling=8.0, sliding_window=WINDOW, tie_word_embeddings=True,
+                        layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+                        layer_rope_theta=[10000.0, 0, 500.0]),
+    "granitemoeshared": dict(num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48,
+                             embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.05,
+                             logits_scaling=8.0, tie_word_embeddings=False),
+    "granitemoe_swa": dict(num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48,
+                           embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.05,
+                           logits_scaling=8.0, sliding_window=WINDOW, tie_word_embeddings=False,
+                           layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                           layer_rope_theta=[500.0, 10000.0, 0]),
     # Sliding and full layers alternating, attention sinks, biased router and experts, a SwiGLU
     # clamp the scaled experts reach, YaRN.
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=WINDOW,
@@ -124,7 +139,7 @@ ARCHS: dict[str, dict] = {
 # change the tokens if the engine gets them wrong (at the initial scale every position
 # weighs about the same, and the embeddings outweigh the layers).
 SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2", "gemma", "nemotron", "helium",
-         "starcoder2", "hunyuan_v1_dense")
+         "starcoder2", "hunyuan_v1_dense", "granite_swa", "granitemoe_swa")
 
 
 def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
@@ -146,7 +161,7 @@ def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **ove
                 p.copy_(torch.randn_like(p) * 3.0 + 3.0)
             if name.endswith(("mlp.gate.weight", "mlp.router.weight", "moe.router.weight")):  # a decisive router: no near tie
                 p.mul_(8.0)
-            if (".experts." in name or ".shared_expert" in name) and not name.endswith("bias"):
+            if (".experts." in name or ".shared_expert" in name or ".shared_mlp." in name) and not name.endswith("bias"):
                 p.mul_(6.0)  # experts that move the output: a routing or weighting slip shows
             if model_type in SHARP and ".self_attn." in name and name.endswith("weight"):
                 p.mul_(8.0)  # attention sharp enough that what sets its positions apart shows

@@ -50,6 +50,7 @@ class MLP(nn.Module):
             self.act = ACTIVATIONS[act]
         self.gated = gated
         self.pieces = ("gate_proj", "up_proj") if gated else ("up_proj",)
+        self.intermediate = intermediate  # every rank's together: where up starts in a fused checkpoint tensor
         self.inter_range = parallel.split(intermediate, tp.size, tp.rank)
         self.inter = self.inter_range[1] - self.inter_range[0]
         self.gate_up_proj = nn.Linear(hidden, len(self.pieces) * self.inter, bias=bias)

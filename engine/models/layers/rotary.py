@@ -8,6 +8,8 @@ the default type, which transformers keeps per model class, is computed here.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from engine.errors import ParamError
@@ -16,6 +18,8 @@ SUPPORTED = ("default", "linear", "llama3", "yarn", "longrope")
 # The kind of a layer that turns nothing (ArchSpec.nope): its tables rotate by zero, which
 # leaves q and k exactly as they are, on every path, fused or not.
 NOPE = "nope"
+# The kind of a layer with a base of its own (Granite SWA's `layer_rope_theta`): "theta=<base>".
+THETA = "theta="
 
 
 def head_dim(config) -> int:
@@ -23,9 +27,12 @@ def head_dim(config) -> int:
 
 
 def parameters(config, kind: str) -> dict:
-    """The rope parameters of one layer kind ("" where the config has one set for all)."""
+    """The rope parameters of one layer kind ("" where the config has one set for all, a
+    THETA kind that set with its own base)."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    params = dict(params[kind] if kind else params)
+    params = dict(params[kind] if kind and not kind.startswith(THETA) else params)
+    if kind.startswith(THETA):
+        params["rope_theta"] = float(kind[len(THETA):])
     if "rope_theta" not in params:
         params["rope_theta"] = getattr(config, "rope_theta", 10000.0)
     return params
@@ -33,11 +40,14 @@ def parameters(config, kind: str) -> dict:
 
 def kinds(config, nope: frozenset[int] = frozenset()) -> tuple[str, ...]:
     """Each layer's key into the rope parameters: Gemma 3 and OLMo 3 keep one set per layer
-    type (local layers on another base or unscaled), every other config one set for all;
-    NOPE for the layers in `nope`."""
+    type (local layers on another base or unscaled), Granite SWA a base per layer (0 for no
+    rotary), every other config one set for all; NOPE for the layers in `nope`."""
     params = getattr(config, "rope_parameters", None) or {}
     types = getattr(config, "layer_types", None)
-    if types and all(t in params for t in set(types)):
+    thetas = getattr(config, "layer_rope_theta", None)
+    if thetas:
+        keys = tuple(f"{THETA}{float(t)!r}" if t else NOPE for t in thetas)
+    elif types and all(t in params for t in set(types)):
         keys = tuple(types)
     else:
         keys = ("",) * config.num_hidden_layers
@@ -62,6 +72,10 @@ def _inv_freq(config, kind: str, seq_len: int | None = None) -> tuple[torch.Tens
         return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+    if kind.startswith(THETA):  # the scaled type on this layer's base, as transformers builds it
+        config = copy.copy(config)
+        config.rope_parameters = params
+        kind = ""
     return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len, layer_type=kind or None)
 
 
