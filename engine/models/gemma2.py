@@ -1,8 +1,11 @@
 """Gemma 2: norms before and after attention and MLP, (1 + w) norm weights, embeddings
 scaled by sqrt(hidden), GELU-tanh, local and global layers alternating, and tanh
-soft-capping of the attention scores and the final logits."""
+soft-capping of the attention scores and the final logits. VaultGemma is Gemma 2 without
+the norms after attention and MLP."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from engine.models.arch import ArchSpec, layer_windows
 from engine.models.decoder import DecoderForCausalLM
@@ -31,3 +34,13 @@ class Gemma2ForCausalLM(DecoderForCausalLM):
     def spec(cls, config) -> ArchSpec:
         return gemma_spec(config, attn_softcap=getattr(config, "attn_logit_softcapping", None) or 0.0,
                           final_softcap=getattr(config, "final_logit_softcapping", None) or 0.0)
+
+
+class VaultGemmaForCausalLM(DecoderForCausalLM):
+    @classmethod
+    def spec(cls, config) -> ArchSpec:
+        return dataclasses.replace(Gemma2ForCausalLM.spec(config), norms="pre")
+
+    @classmethod
+    def checkpoint_name(cls, name: str) -> str | None:
+        return name.replace(".pre_feedforward_layernorm.", ".post_attention_layernorm.")  # the pre layer's second

@@ -4,6 +4,8 @@ router's top-k, renormalised only where norm_topk_prob says so."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from engine.errors import ParamError
 from engine.models.arch import ArchSpec, moe_spec
 from engine.models.decoder import DecoderForCausalLM
@@ -19,3 +21,16 @@ class OlmoeForCausalLM(DecoderForCausalLM):
                        norm_topk=bool(config.norm_topk_prob))
         return ArchSpec(qkv_bias=bias, o_bias=bias, qk_norm="all", moe=moe, windows=(0,) * config.num_hidden_layers,
                         tp_ok=False)
+
+
+class FlexOlmoForCausalLM(DecoderForCausalLM):
+    """FlexOlmo: OLMo 2's layer (norms after attention and MLP only, q/k norms over all
+    heads) with OLMoE's experts on every layer."""
+
+    @classmethod
+    def spec(cls, config) -> ArchSpec:
+        from engine.models.olmo2 import Olmo2ForCausalLM
+
+        moe = moe_spec(config, config.num_experts, config.num_experts_per_tok, config.intermediate_size,
+                       norm_topk=bool(config.norm_topk_prob))
+        return dataclasses.replace(Olmo2ForCausalLM.spec(config), moe=moe)

@@ -9,7 +9,7 @@ from engine.models.arcee import ArceeForCausalLM
 from engine.models.cohere import Cohere2ForCausalLM, CohereForCausalLM
 from engine.models.decoder import DecoderForCausalLM
 from engine.models.gemma import GemmaForCausalLM
-from engine.models.gemma2 import Gemma2ForCausalLM
+from engine.models.gemma2 import Gemma2ForCausalLM, VaultGemmaForCausalLM
 from engine.models.dots1 import Dots1ForCausalLM
 from engine.models.ernie4_5 import Ernie4_5ForCausalLM
 from engine.models.ernie4_5_moe import Ernie4_5_MoeForCausalLM
@@ -22,13 +22,13 @@ from engine.models.granite import GraniteForCausalLM, GraniteSwaForCausalLM
 from engine.models.granitemoe import GraniteMoeForCausalLM, GraniteMoeSwaForCausalLM
 from engine.models.helium import HeliumForCausalLM
 from engine.models.hunyuan import HunYuanDenseV1ForCausalLM
-from engine.models.llama import LlamaForCausalLM
+from engine.models.llama import CwmForCausalLM, LlamaForCausalLM
 from engine.models.ministral import MinistralForCausalLM
 from engine.models.mistral import MistralForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
 from engine.models.nemotron import NemotronForCausalLM
 from engine.models.olmo2 import Olmo2ForCausalLM
-from engine.models.olmoe import OlmoeForCausalLM
+from engine.models.olmoe import FlexOlmoForCausalLM, OlmoeForCausalLM
 from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen2_moe import Qwen2MoeForCausalLM
@@ -80,6 +80,9 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "ernie4_5_moe": Ernie4_5_MoeForCausalLM,
     "glm4_moe": Glm4MoeForCausalLM,
     "dots1": Dots1ForCausalLM,
+    "vaultgemma": VaultGemmaForCausalLM,
+    "cwm": CwmForCausalLM,
+    "flex_olmo": FlexOlmoForCausalLM,
 }
 # Multimodal configs whose language model we serve: their text config is the model's.
 TEXT_OF = {"gemma3": "gemma3_text"}

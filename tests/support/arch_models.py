@@ -123,6 +123,15 @@ ARCHS: dict[str, dict] = {
                            logits_scaling=8.0, sliding_window=WINDOW, tie_word_embeddings=False,
                            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                            layer_rope_theta=[500.0, 10000.0, 0]),
+    # VaultGemma: Gemma 2 without its norms after attention and MLP.
+    "vaultgemma": dict(sliding_window=WINDOW, head_dim=16, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                       final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh"),
+    # CWM: Llama's layer, llama3 rope scaling, a window on three layers of four.
+    "cwm": dict(sliding_window=WINDOW, layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+                head_dim=16, tie_word_embeddings=False),
+    # FlexOlmo: OLMo 2's norms over OLMoE's experts, renormalised.
+    "flex_olmo": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=48, norm_topk_prob=True,
+                      tie_word_embeddings=False),
     # Sliding and full layers alternating, attention sinks, biased router and experts, a SwiGLU
     # clamp the scaled experts reach, YaRN.
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=WINDOW,

@@ -187,9 +187,10 @@ class DecoderLayer(nn.Module):
                 x = f.layer_norm2(residual)
             elif not f.parallel:
                 x = residual
-        if f.experts is not None:
+        if f.experts is not None:  # all-reduced inside; scaled, and normed where a norm follows (FlexOlmo)
             out = f.experts(x)
-            return residual, (out * f.residual_scale if f.residual_scale != 1.0 else out)
+            out = out * f.residual_scale if f.residual_scale != 1.0 else out
+            return residual, (f.ops.add_rms_norm(None, out, f.post_mlp, f.eps_post) if f.post_mlp is not None else out)
         up = f.gate_up(x)
         if not f.gated:
             out = f.down(f.act(up))
