@@ -114,6 +114,9 @@ class ArchSpec:
     logit_divisor: float = 1.0  # Granite's logits_scaling
     logit_scale: float = 1.0  # Cohere's logit_scale, multiplying
     head_bias: bool = False  # a bias on the LM head (ERNIE 4.5 MoE's use_bias), tied head or not
+    # Llama 4's attention temperature (Ministral 3): each query scaled after the rotary by
+    # 1 + beta log(1 + floor(position / original)), given as (beta, original); None for none.
+    q_position_scale: tuple[float, int] | None = None
     windows: tuple[int, ...] = ()  # per layer; 0 is full attention
     tp_ok: bool = True  # whether tensor parallelism can split its layers (checked by engine.config)
     moe: MoESpec | None = None

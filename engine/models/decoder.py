@@ -116,6 +116,11 @@ class DecoderForCausalLM(nn.Module):
             cos, sin = rotary.tables(config, kind, max_positions)
             self.register_buffer(f"cos_cache{i}", cos, persistent=False)
             self.register_buffer(f"sin_cache{i}", sin, persistent=False)
+        if spec.q_position_scale:  # each position's query scale, computed as transformers does (fp32)
+            beta, original = spec.q_position_scale
+            at = torch.arange(max_positions, dtype=torch.int64)
+            self.register_buffer("q_scale_cache", 1 + beta * torch.log(1 + torch.floor(at / original)),
+                                 persistent=False)
         # the rotary's width (a partial rotary turns the first dims of a head only)
         self.rotary_dims = next((getattr(self, f"cos_cache{i}").shape[-1] for i, kind in enumerate(self.rope_kinds)
                                  if kind != rotary.NOPE), head_dim(config))
@@ -197,6 +202,7 @@ class DecoderForCausalLM(nn.Module):
         h = self.embed(input_ids) if self.first else hidden
         ropes = [(getattr(self, f"cos_cache{i}")[positions].to(h.dtype),
                   getattr(self, f"sin_cache{i}")[positions].to(h.dtype)) for i in range(len(self.rope_kinds))]
+        q_scale = self.q_scale_cache[positions].to(h.dtype) if self.arch.q_position_scale else None
         # On the fused path the last stage's last layer keeps only the logits rows.
         picked = self.fused and self.last and len(self.layers) > 0
         if self.fused:
@@ -204,13 +210,13 @@ class DecoderForCausalLM(nn.Module):
             for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
                 keep = logits_indices if picked and i == len(self.layers) - 1 else None
                 cos, sin = ropes[self.layer_rope[i]]
-                h, pending = layer.forward_fused(h, pending, cos, sin, kv_cache, metas[i], keep)
+                h, pending = layer.forward_fused(h, pending, cos, sin, kv_cache, metas[i], keep, q_scale)
             h = h + pending if pending is not None else h
         else:
             ropes = [(cos[:, None, :], sin[:, None, :]) for cos, sin in ropes]
             for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
                 cos, sin = ropes[self.layer_rope[i]]
-                h = layer(h, cos, sin, kv_cache, metas[i])
+                h = layer(h, cos, sin, kv_cache, metas[i], q_scale)
         if not self.last:
             return h
         h = self.norm(h if picked else h[logits_indices])

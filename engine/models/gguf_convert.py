@@ -95,7 +95,7 @@ def convert_gguf(gguf: Path, out: Path, blocks: bool = False) -> None:
             tensors = gguf_tensors.convert(gguf, config, keep)
         else:
             with torch.device("meta"):
-                skeleton = AutoModelForCausalLM.from_config(config)
+                skeleton = AutoModelForCausalLM.from_config(gguf_llama_keyed.tensor_config(arch, config))
             # transformers dequantizes every tensor the reader lists; parsed_once hands it the
             # reader parsed above, so the list is cut here for this one call. The config it
             # would infer from the cut list (a tied head) is not the one written.

@@ -277,15 +277,45 @@ def _dots1(config: Any, get, tensors: dict[str, Any]) -> Any:
                        **_deepseek_moe(get), architectures=["Dots1ForCausalLM"])
 
 
+def _mistral3(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """Ministral 3 (llama.cpp's `mistral3`, with Llama's tensors): its YaRN, whose attention
+    factor llama.cpp takes as mscale 1 over the log multiplier it writes (the checkpoint's
+    mscale_all_dim), and Llama 4's attention temperature (`attention.temperature_scale`, over
+    the original context)."""
+    from transformers import Ministral3Config
+
+    fields = llama_fields(config)
+    rope = dict(fields.pop("rope_parameters"))
+    log_mul = get("rope.scaling.yarn_log_multiplier")
+    if rope.get("rope_type") == "yarn" and log_mul:
+        rope.update(mscale=1.0, mscale_all_dim=float(log_mul))
+    if get("attention.temperature_scale"):
+        rope["llama_4_scaling_beta"] = float(get("attention.temperature_scale"))
+    return Ministral3Config(**fields, rope_parameters=rope, sliding_window=None,
+                            architectures=["Ministral3ForCausalLM"])
+
+
 # Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
 BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": _gemma, "nemotron": _nemotron,
             "olmoe": _olmoe, "stablelm": _stablelm, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
             "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere, "starcoder2": _starcoder2, "apertus": _apertus,
-            "hunyuan-dense": _hunyuan, "ernie4_5-moe": _ernie4_5_moe, "glm4moe": _glm4_moe, "dots1": _dots1}
+            "hunyuan-dense": _hunyuan, "ernie4_5-moe": _ernie4_5_moe, "glm4moe": _glm4_moe, "dots1": _dots1,
+            "mistral3": _mistral3}
 # Those whose tensors are Llama's too (q and k interleaved as Llama's), which transformers'
 # reader converts; every other one's are the checkpoint's, only renamed
 # (engine/models/gguf_tensors.py convert_named).
-LLAMA_TENSORS = ("smollm3", "granite", "arcee")
+LLAMA_TENSORS = ("smollm3", "granite", "arcee", "mistral3")
+
+
+def tensor_config(arch: str, config: Any) -> Any:
+    """The config whose model transformers' reader names a file's tensors by: the file's
+    own, but for Ministral 3, whose llama.cpp name (`mistral3`) is no model type the reader
+    knows; its tensors are Llama's, so a Llama config of its shapes names them."""
+    if arch != "mistral3":
+        return config
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**{k: v for k, v in llama_fields(config).items() if k != "rope_parameters"})
 
 
 def renamed(arch: str) -> bool:

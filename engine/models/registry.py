@@ -23,7 +23,7 @@ from engine.models.granitemoe import GraniteMoeForCausalLM, GraniteMoeSwaForCaus
 from engine.models.helium import HeliumForCausalLM
 from engine.models.hunyuan import HunYuanDenseV1ForCausalLM
 from engine.models.llama import CwmForCausalLM, LlamaForCausalLM
-from engine.models.ministral import MinistralForCausalLM
+from engine.models.ministral import Ministral3ForCausalLM, MinistralForCausalLM
 from engine.models.mistral import MistralForCausalLM
 from engine.models.mixtral import MixtralForCausalLM
 from engine.models.nemotron import NemotronForCausalLM
@@ -46,6 +46,7 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "hunyuan_v1_dense": HunYuanDenseV1ForCausalLM,
     "mistral": MistralForCausalLM,
     "ministral": MinistralForCausalLM,
+    "ministral3": Ministral3ForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
     "gemma": GemmaForCausalLM,

@@ -123,6 +123,12 @@ ARCHS: dict[str, dict] = {
                            logits_scaling=8.0, sliding_window=WINDOW, tie_word_embeddings=False,
                            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                            layer_rope_theta=[500.0, 10000.0, 0]),
+    # Ministral 3: Llama 4's attention temperature past an original context shorter than the
+    # prompts (so that it scales most positions), YaRN, the window on every layer.
+    "ministral3": dict(sliding_window=WINDOW, head_dim=16, tie_word_embeddings=False,
+                       rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
+                                        "mscale": 1.0, "mscale_all_dim": 0.5, "llama_4_scaling_beta": 0.5,
+                                        "rope_theta": 10000.0}),
     # VaultGemma: Gemma 2 without its norms after attention and MLP.
     "vaultgemma": dict(sliding_window=WINDOW, head_dim=16, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
                        final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh"),

@@ -22,7 +22,7 @@ GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen
              "cohere": "COMMAND_R", "cohere2": "COHERE2", "arcee": "ARCEE", "starcoder2": "STARCODER2",
              "nemotron": "NEMOTRON", "olmoe": "OLMOE", "stablelm": "STABLELM",
              "apertus": "APERTUS", "hunyuan_v1_dense": "HUNYUAN_DENSE", "ernie4_5_moe": "ERNIE4_5_MOE",
-             "glm4_moe": "GLM4_MOE", "dots1": "DOTS1"}
+             "glm4_moe": "GLM4_MOE", "dots1": "DOTS1", "ministral3": "MISTRAL3"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -131,7 +131,10 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     elif config.model_type != "phi3":  # Phi-3's LongRoPE below
         tensors.update(_rope_scaling(writer, rope, head_dim))
-    if config.model_type in ("llama", "smollm3", "granite", "arcee"):  # llama.cpp's Llama family
+    if config.model_type == "ministral3":  # its converter's keys beside the YaRN ones
+        writer.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
+        writer.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
+    if config.model_type in ("llama", "smollm3", "granite", "arcee", "ministral3"):  # llama.cpp's Llama family
         tensors = _llama_permuted(tensors, config)
     if config.model_type == "granite":  # its multipliers as llama.cpp names them
         writer.add_attention_scale(config.attention_multiplier)

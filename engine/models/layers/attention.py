@@ -74,12 +74,15 @@ class Attention(nn.Module):
         return q, k, v.view(n, self.num_kv_heads, self.head_dim)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttnMetadata) -> torch.Tensor:
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttnMetadata,
+                q_scale: torch.Tensor | None = None) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.project(x)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if self.qk_norm == "rotated":  # HunYuan norms each head after turning it
             q, k = self.q_norm(q), self.k_norm(k)
+        if q_scale is not None:  # Llama 4's temperature by position (Ministral 3), after the rotary
+            q = q * q_scale[:, None, None]
         k_cache, v_cache = kv_cache
         meta.backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         sinks = self.sinks.float() if self.sinks is not None else None

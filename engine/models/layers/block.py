@@ -82,21 +82,26 @@ class DecoderLayer(nn.Module):
         if spec.norms in ("sandwich", "post"):
             self.post_feedforward_layernorm = hidden_norm(config, spec)
 
-    def forward(self, h, cos, sin, kv_cache, meta) -> torch.Tensor:
+    def forward(self, h, cos, sin, kv_cache, meta, q_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """`q_scale`: each token's query scale after the rotary (ArchSpec.q_position_scale)."""
         norms = self.spec.norms
+
+        def attn(x: torch.Tensor) -> torch.Tensor:
+            return self.self_attn(x, cos, sin, kv_cache, meta, q_scale)
+
         if norms == "pre":
             rs = self.spec.residual_scale
-            a = self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
+            a = attn(self.input_layernorm(h))
             h = h + (a * rs if rs != 1.0 else a)
             m = self.mlp(self.post_attention_layernorm(h))
             return h + (m * rs if rs != 1.0 else m)
         if norms == "parallel":
             x = self.input_layernorm(h)
-            return h + self.self_attn(x, cos, sin, kv_cache, meta) + self.mlp(x)
+            return h + attn(x) + self.mlp(x)
         if norms == "sandwich":
-            h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta))
+            h = h + self.post_attention_layernorm(attn(self.input_layernorm(h)))
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
-        h = h + self.post_attention_layernorm(self.self_attn(h, cos, sin, kv_cache, meta))
+        h = h + self.post_attention_layernorm(attn(h))
         return h + self.post_feedforward_layernorm(self.mlp(h))
 
     def flatten(self, ops: Any) -> None:
@@ -136,8 +141,8 @@ class DecoderLayer(nn.Module):
             residual_scale=self.spec.residual_scale, reduce=attn.tp.all_reduce if attn.tp.size > 1 else None,
             ops=ops)
 
-    def forward_fused(self, residual, pending, cos, sin, kv_cache, meta,
-                      keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_fused(self, residual, pending, cos, sin, kv_cache, meta, keep: torch.Tensor | None = None,
+                      q_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layer on fused kernels (the native CPU ones, or Triton's on a GPU): each
         residual add fused into the RMSNorm after it (`residual` updated in place, the MLP
         output, Gemma's and OLMo 2's normed, returned as the next layer's `pending`; their
@@ -152,7 +157,7 @@ class DecoderLayer(nn.Module):
         `keep`, on the model's last layer: the rows that need logits. Every row's K and V
         are stored, but only those rows go on through o_proj and the MLP; in a prefill
         chunk that is one row a prompt instead of all of them. Each GEMM row is computed
-        on its own, so the kept rows' values are the same."""
+        on its own, so the kept rows' values are the same. `q_scale` as in forward."""
         f = self.flat
         if f.norm1 is not None:
             x = f.ops.add_rms_norm(pending, residual, f.norm1, f.eps1)
@@ -169,6 +174,8 @@ class DecoderLayer(nn.Module):
         q, k = f.ops.rope_qk(qkv, cos, sin, f.heads, f.kv_heads, f.head_dim, f.qk_norm, f.qk_eps)
         if f.qk_rotated is not None:  # HunYuan's per-head norms, after the rotary
             q, k = f.qk_rotated[0](q), f.qk_rotated[1](k)
+        if q_scale is not None:
+            q = q * q_scale[:, None, None]
         v = qkv[:, f.v_at:].view(n, f.kv_heads, f.head_dim)
         k_cache, v_cache = kv_cache
         backend = meta.backend
