@@ -28,7 +28,8 @@ GGUF_FUSED_PARTS = {"self_attn.qkv_proj": ("attn_qkv",), "self_attn.o_proj": ("a
                     "mlp.gate_up_proj": ("ffn_up",), "mlp.down_proj": ("ffn_down",)}
 # The architectures whose q and k rows llama.cpp's converter interleaves (its Llama family,
 # Mixtral filed as `llama` among them).
-PERMUTED = {"llama", "mistral", "granite", "mixtral", "smollm3", "arcee", "ministral3"}
+PERMUTED = {"llama", "mistral", "granite", "mixtral", "smollm3", "arcee", "ministral3", "granitemoe",
+            "granitemoeshared"}
 # A Qwen2-MoE shared expert's GGUF tensors; the routed experts' are merged per layer.
 GGUF_SHARED_PARTS = {"mlp.shared_expert.gate_up_proj": ("ffn_gate_shexp", "ffn_up_shexp"),
                      "mlp.shared_expert.down_proj": ("ffn_down_shexp",)}

@@ -20,19 +20,39 @@ def llama_fields(config: Any) -> dict[str, Any]:
     return {k: getattr(config, k) for k in keep if hasattr(config, k)}
 
 
-def _granite(config: Any, get, tensors: dict[str, Any]) -> Any:
+def _multipliers(fields: dict[str, Any], get) -> dict[str, float]:
     """Granite's four multipliers, which llama.cpp writes as `*_scale` keys, and only where
     they are set: without one, its embeddings, residuals and logits go unscaled and its
     attention scales by 1 / sqrt(head_dim), as llama.cpp then computes."""
+    return dict(embedding_multiplier=float(get("embedding_scale") or 1.0),
+                residual_multiplier=float(get("residual_scale") or 1.0),
+                logits_scaling=float(get("logit_scale") or 1.0),
+                attention_multiplier=float(get("attention.scale") or
+                                           (fields["hidden_size"] // fields["num_attention_heads"]) ** -0.5))
+
+
+def _granite(config: Any, get, tensors: dict[str, Any]) -> Any:
     from transformers import GraniteConfig
 
     fields = llama_fields(config)
-    return GraniteConfig(**fields, architectures=["GraniteForCausalLM"],
-                         embedding_multiplier=float(get("embedding_scale") or 1.0),
-                         residual_multiplier=float(get("residual_scale") or 1.0),
-                         logits_scaling=float(get("logit_scale") or 1.0),
-                         attention_multiplier=float(get("attention.scale") or
-                                                    (fields["hidden_size"] // fields["num_attention_heads"]) ** -0.5))
+    return GraniteConfig(**fields, **_multipliers(fields, get), architectures=["GraniteForCausalLM"])
+
+
+def _granitemoe(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """Granite 3 MoE (`granitemoe`, Llama's tensors with the experts merged per layer):
+    its multipliers, expert count and size, and the shared expert's size where the file
+    has one (GraniteMoeShared)."""
+    from transformers import GraniteMoeConfig, GraniteMoeSharedConfig
+
+    fields = {k: v for k, v in llama_fields(config).items() if k != "intermediate_size"}
+    fields.update(_multipliers(fields, get), num_local_experts=int(get("expert_count")),
+                  num_experts_per_tok=int(get("expert_used_count")),
+                  intermediate_size=int(get("expert_feed_forward_length", config.intermediate_size)))
+    shared = get("expert_shared_feed_forward_length")
+    if shared:
+        return GraniteMoeSharedConfig(**fields, shared_intermediate_size=int(shared),
+                                      architectures=["GraniteMoeSharedForCausalLM"])
+    return GraniteMoeConfig(**fields, architectures=["GraniteMoeForCausalLM"])
 
 
 def mixtral(config: Any, get) -> Any:
@@ -300,11 +320,11 @@ BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": 
             "olmoe": _olmoe, "stablelm": _stablelm, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
             "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere, "starcoder2": _starcoder2, "apertus": _apertus,
             "hunyuan-dense": _hunyuan, "ernie4_5-moe": _ernie4_5_moe, "glm4moe": _glm4_moe, "dots1": _dots1,
-            "mistral3": _mistral3}
+            "mistral3": _mistral3, "granitemoe": _granitemoe}
 # Those whose tensors are Llama's too (q and k interleaved as Llama's), which transformers'
 # reader converts; every other one's are the checkpoint's, only renamed
 # (engine/models/gguf_tensors.py convert_named).
-LLAMA_TENSORS = ("smollm3", "granite", "arcee", "mistral3")
+LLAMA_TENSORS = ("smollm3", "granite", "arcee", "mistral3", "granitemoe")
 
 
 def tensor_config(arch: str, config: Any) -> Any:

@@ -44,7 +44,14 @@ MIXTRAL_LAYER = {
 GGUF_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
           "output.weight": "lm_head.weight"}
-OWN = ("gpt_oss", "mixtral")  # the model types this module converts by its own tables
+# Granite MoE's: Mixtral's tensors, and a shared expert where GraniteMoeShared has one.
+GRANITEMOE_LAYER = {**MIXTRAL_LAYER, "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+                    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+                    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight"}
+LAYER_NAMES = {"gpt_oss": GPT_OSS_LAYER, "mixtral": MIXTRAL_LAYER, "granitemoe": GRANITEMOE_LAYER,
+               "granitemoeshared": GRANITEMOE_LAYER}
+OWN = tuple(LAYER_NAMES)  # the model types this module converts by its own tables
+PERMUTED_QK = ("mixtral", "granitemoe", "granitemoeshared")  # q and k interleaved as a Llama's
 # What the converter added to a norm's weight: Gemma's and Nemotron's (1 + w) are stored whole.
 NORM_ADDED = {"gemma": 1.0, "nemotron": 1.0}
 
@@ -129,7 +136,7 @@ def convert(path: Path, config: Any, keep: Callable[[str], bool]) -> dict[str, t
     MXFP4 blocks out of range."""
     import gguf
 
-    layer_names = GPT_OSS_LAYER if config.model_type == "gpt_oss" else MIXTRAL_LAYER
+    layer_names = LAYER_NAMES[config.model_type]
     reader = gguf.GGUFReader(path)
     out: dict[str, torch.Tensor] = _xielu(reader, config) if config.model_type == "apertus" else {}
     experts: dict[tuple[int, str], torch.Tensor] = {}
@@ -149,7 +156,7 @@ def convert(path: Path, config: Any, keep: Callable[[str], bool]) -> dict[str, t
         if rest.startswith(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")) and rest not in layer_names:
             experts[i, rest] = data
         elif rest in layer_names:
-            if config.model_type == "mixtral" and rest in ("attn_q.weight", "attn_k.weight"):
+            if config.model_type in PERMUTED_QK and rest in ("attn_q.weight", "attn_k.weight"):
                 heads = config.num_attention_heads if rest == "attn_q.weight" else config.num_key_value_heads
                 data = unpermute(data, heads)
             out[f"model.layers.{i}.{layer_names[rest]}"] = data

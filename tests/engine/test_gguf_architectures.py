@@ -75,6 +75,8 @@ GGUF_OVERRIDES = {
     "glm4_moe": dict(moe_intermediate_size=64, n_group=1, topk_group=1, partial_rotary_factor=0.25),
     "dots1": dict(moe_intermediate_size=64, sliding_window=None),
     "ministral3": dict(sliding_window=None),  # its converter writes no window
+    "granitemoe": dict(intermediate_size=64),  # whole 32-value blocks
+    "granitemoeshared": dict(intermediate_size=64, shared_intermediate_size=64),
 }
 
 
@@ -220,7 +222,7 @@ def test_a_glm4_moe_gguf_leaves_its_multi_token_prediction_layer_out(tmp_path, d
                                                ("exaone4", "Q5_1"), ("glm4", "Q8_0"),
                                                ("arcee", "Q8_0"), ("starcoder2", "Q8_0"), ("olmoe", "Q8_0"),
                                                ("ernie4_5_moe", "Q8_0"), ("glm4_moe", "Q5_1"), ("dots1", "Q8_0"),
-                                               ("ministral3", "Q8_0")])
+                                               ("ministral3", "Q8_0"), ("granitemoeshared", "Q8_0")])
 def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, written):
     """Llama's q and k rows come interleaved, beside its rope_freqs.weight, and so do SmolLM3's
     and Granite's, filed under their own names with Llama's tensors; Qwen3's are not

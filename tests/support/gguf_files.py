@@ -11,6 +11,7 @@ ones are what a quantized file holds."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,8 @@ GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen
              "cohere": "COMMAND_R", "cohere2": "COHERE2", "arcee": "ARCEE", "starcoder2": "STARCODER2",
              "nemotron": "NEMOTRON", "olmoe": "OLMOE", "stablelm": "STABLELM",
              "apertus": "APERTUS", "hunyuan_v1_dense": "HUNYUAN_DENSE", "ernie4_5_moe": "ERNIE4_5_MOE",
-             "glm4_moe": "GLM4_MOE", "dots1": "DOTS1", "ministral3": "MISTRAL3"}
+             "glm4_moe": "GLM4_MOE", "dots1": "DOTS1", "ministral3": "MISTRAL3", "granitemoe": "GRANITE_MOE",
+             "granitemoeshared": "GRANITE_MOE"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -34,7 +36,9 @@ EXPERT_KEYS = {"qwen2_moe": ("num_experts", "moe_intermediate_size"),
                "olmoe": ("num_experts", "intermediate_size"),
                "ernie4_5_moe": ("moe_num_experts", "moe_intermediate_size"),
                "glm4_moe": ("n_routed_experts", "moe_intermediate_size"),
-               "dots1": ("n_routed_experts", "moe_intermediate_size")}
+               "dots1": ("n_routed_experts", "moe_intermediate_size"),
+               "granitemoe": ("num_local_experts", "intermediate_size"),
+               "granitemoeshared": ("num_local_experts", "intermediate_size")}
 
 
 def byte_tokenizer(writer, specials: tuple[str, ...] = (), vocab: int = VOCAB, pre: str = "default",
@@ -134,9 +138,10 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     if config.model_type == "ministral3":  # its converter's keys beside the YaRN ones
         writer.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
         writer.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
-    if config.model_type in ("llama", "smollm3", "granite", "arcee", "ministral3"):  # llama.cpp's Llama family
+    if config.model_type in ("llama", "smollm3", "granite", "arcee", "ministral3", "granitemoe", "granitemoeshared"):
+        # llama.cpp's Llama family
         tensors = _llama_permuted(tensors, config)
-    if config.model_type == "granite":  # its multipliers as llama.cpp names them
+    if config.model_type in ("granite", "granitemoe", "granitemoeshared"):  # its multipliers as llama.cpp names them
         writer.add_attention_scale(config.attention_multiplier)
         writer.add_embedding_scale(config.embedding_multiplier)
         writer.add_residual_scale(config.residual_multiplier)
@@ -148,6 +153,10 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_expert_feed_forward_length(size)
     if config.model_type == "qwen2_moe":
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
+    if config.model_type in ("granitemoe", "granitemoeshared"):
+        tensors = _granite_experts(tensors, config)
+    if config.model_type == "granitemoeshared":
+        writer.add_expert_shared_feed_forward_length(config.shared_intermediate_size)
     if config.model_type == "ernie4_5_moe":  # the first MoE layer as the leading dense count
         writer.add_interleave_moe_layer_step(config.moe_layer_interval)
         writer.add_leading_dense_block_count(config.moe_layer_start_index)
@@ -270,6 +279,32 @@ def _merge_experts(tensors: dict[str, torch.Tensor], layers: int, experts: int, 
             names = [f"model.layers.{i}.{block}.experts.{e}.{proj}.weight" for e in range(experts)]
             if names[0] in tensors:
                 out[f"blk.{i}.{merged}.weight"] = torch.stack([tensors[n] for n in names])
+    return out
+
+
+def _granite_experts(tensors: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """Granite MoE's stacked experts ([E, 2 I, hidden], gate rows then up) and its shared
+    expert's fused gate/up split as its converter splits them: ffn_{gate,up,down}_exps,
+    ffn_{gate,up,down}_shexp, the router as ffn_gate_inp."""
+    out = {}
+    inter, shared = config.intermediate_size, getattr(config, "shared_intermediate_size", 0)
+    for name, t in tensors.items():
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(block_sparse_moe|shared_mlp)\.(.+)", name)
+        if m is None:
+            out[name] = t
+            continue
+        blk, part, rest = f"blk.{m[1]}.", m[2], m[3]
+        if part == "shared_mlp":
+            if rest.startswith("input_linear"):
+                out[blk + "ffn_gate_shexp.weight"], out[blk + "ffn_up_shexp.weight"] = t.split(shared, dim=0)
+            else:
+                out[blk + "ffn_down_shexp.weight"] = t
+        elif rest in ("input_linear.weight", "experts.gate_up_proj"):
+            out[blk + "ffn_gate_exps.weight"], out[blk + "ffn_up_exps.weight"] = t.split(inter, dim=1)
+        elif rest in ("output_linear.weight", "experts.down_proj"):
+            out[blk + "ffn_down_exps.weight"] = t
+        else:  # the router
+            out[blk + "ffn_gate_inp.weight"] = t
     return out
 
 
