@@ -151,11 +151,12 @@ ARCHS: dict[str, dict] = {
 # Attention projections scaled up, so that the scores are far from uniform: gpt-oss's sinks,
 # SmolLM3's NoPE layer, the adjacent-pair rotary of GLM, ERNIE and Helium, a norm off by one
 # (Gemma, Nemotron) or left out (StarCoder2), HunYuan's q/k norms after the rotary, Granite
-# SWA's sinks and per-layer bases, and a Granite MoE GGUF's q/k rows left as llama.cpp
+# SWA's sinks and per-layer bases, and Granite's, Granite MoE's and Arcee's GGUF q/k rows left as llama.cpp
 # interleaves them change the tokens if the engine gets them wrong (at the initial scale every position
 # weighs about the same, and the embeddings outweigh the layers).
 SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2", "gemma", "nemotron", "helium",
-         "starcoder2", "hunyuan_v1_dense", "granite_swa", "granitemoe_swa", "granitemoe", "granitemoeshared")
+         "starcoder2", "hunyuan_v1_dense", "granite_swa", "granitemoe_swa", "granite", "granitemoe", "granitemoeshared",
+         "arcee")
 
 
 def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:

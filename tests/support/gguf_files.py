@@ -336,12 +336,12 @@ def _gpt_oss_experts(tensors: dict[str, torch.Tensor], layers: int) -> dict[str,
 
 
 def _llama_permuted(tensors: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
-    """q and k with each head's rotary halves interleaved, as llama.cpp's Llama converter
-    stores them."""
+    """q and k (weights and biases) with each head's rotary halves interleaved, as llama.cpp's
+    Llama converter stores them."""
     out = dict(tensors)
     for name, tensor in tensors.items():
-        if name.endswith(("q_proj.weight", "k_proj.weight")):
+        if name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
             heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
             n = tensor.shape[0]
-            out[name] = tensor.reshape(heads, 2, n // heads // 2, -1).transpose(1, 2).reshape(tensor.shape)
+            out[name] = tensor.reshape(heads, 2, n // heads // 2, *tensor.shape[1:]).transpose(1, 2).reshape(tensor.shape)
     return out
