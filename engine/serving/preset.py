@@ -113,7 +113,8 @@ class ServiceConfig(BaseModel):
         "OpenAI does); `warn` drops it, logs it and names it in the X-Ignored-Fields header (as vLLM does), "
         "so clients that send their own extras (LangChain, LlamaIndex, Open WebUI) work unchanged")
     responses_store: ResponsesStoreConfig = ResponsesStoreConfig()
-    tool_call_parser: Literal["hermes", "llama3_json", "mistral", "granite", "command_r", "pythonic"] | None = Field(
+    tool_call_parser: Literal["hermes", "llama3_json", "mistral", "granite", "command_r", "pythonic", "qwen3_xml",
+                              "glm45"] | None = Field(
         None, description="the format the model writes tool calls in; None: the one its chat template teaches "
         "(hermes when it says nothing)")
     reasoning_parser: Literal["qwen3", "deepseek_r1"] | None = Field(

@@ -28,7 +28,7 @@ def serve(tiny_model_factory):
 
     llm = tiny_llm(tiny_model_factory("llama31-style-tiny"), LLAMA_TEMPLATE)
     clients = {}
-    for fmt in ("llama3_json", "mistral", "granite", "command_r", "pythonic"):
+    for fmt in ("llama3_json", "mistral", "granite", "command_r", "pythonic", "qwen3_xml", "glm45"):
         serving = OpenAIServing(llm, "tiny", tool_call_parser=fmt)
         clients[fmt] = TestClient(create_app(lambda s=serving: s)).__enter__()
     yield clients
@@ -40,7 +40,7 @@ def serve(tiny_model_factory):
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-@pytest.mark.parametrize("fmt", ["llama3_json", "mistral", "granite", "command_r", "pythonic"])
+@pytest.mark.parametrize("fmt", ["llama3_json", "mistral", "granite", "command_r", "pythonic", "qwen3_xml", "glm45"])
 def test_a_forced_call_in_each_format_follows_the_schema(serve, fmt):
     bounded = {"type": "function", "function": {"name": "get_weather", "parameters": {  # a random model's
         "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},  # strings never end

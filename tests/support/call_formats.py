@@ -1,6 +1,7 @@
 """Tool-call texts in each format the server parses (Hermes, Llama-3 JSON, Mistral,
-Granite, Command R, pythonic), with the content and calls each must give: the parsers' unit tests
-and the served round trips check the same cases."""
+Granite, Command R, pythonic, Qwen3-Coder's and GLM-4.5's tagged text), with the content and
+calls each must give: the parsers' unit tests and the served round trips check the same
+cases."""
 
 from __future__ import annotations
 
@@ -45,6 +46,23 @@ CASES = [
     ("pythonic", "[1, 2, 3] are numbers", "[1, 2, 3] are numbers", []),
     ("pythonic", "[get_weather(city=open('x'))]", "[get_weather(city=open('x'))]", []),
     ("pythonic", "No calls here.", "No calls here.", []),
+    # Tagged text: a string parameter keeps its text (a number-looking city too), an integer
+    # one is read as JSON; one newline either side of a Qwen value is layout.
+    ("qwen3_xml", "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                  "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n"
+                  "</function>\n</tool_call>", "Let me check.\n", [PARIS, ("get_time", {})]),
+    ("qwen3_xml", "<tool_call>\n<function=get_weather>\n<parameter=city>\n1984\n</parameter>\n</function>\n"
+                  "</tool_call>", "", [("get_weather", {"city": "1984"})]),
+    ("qwen3_xml", "<tool_call>\n<function=launch>\n</function>\n</tool_call>",
+     "<tool_call>\n<function=launch>\n</function>\n</tool_call>", []),
+    ("qwen3_xml", "<tool_call>\n<function=get_weather>\n<parameter=city>Paris", 
+     "<tool_call>\n<function=get_weather>\n<parameter=city>Paris", []),
+    ("glm45", "Checking.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+              "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>", "Checking.", [PARIS]),
+    ("glm45", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>\n"
+              "<tool_call>get_time\n</tool_call>", "", [("get_weather", {"city": "Paris"}), ("get_time", {})]),
+    ("glm45", "<tool_call>get_weather\n<arg_key>city</arg_key> stray <arg_value>Paris</arg_value>\n</tool_call>",
+     "<tool_call>get_weather\n<arg_key>city</arg_key> stray <arg_value>Paris</arg_value>\n</tool_call>", []),
 ]
 
 def split_calls(text: str, tools: list[Tool], fmt: str) -> tuple[str, list]:

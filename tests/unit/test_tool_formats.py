@@ -1,4 +1,5 @@
-"""Tool-call formats beside Hermes (Llama-3 JSON, Mistral, Granite, Command R, pythonic): each parses
+"""Tool-call formats beside Hermes (Llama-3 JSON, Mistral, Granite, Command R, pythonic,
+Qwen3-Coder's and GLM-4.5's tagged text): each parses
 the same whole or streamed at any cut, leaves what is not a call as content, is picked
 from the chat template, and the pythonic grammar holds calls to their schemas."""
 
@@ -43,7 +44,7 @@ def test_each_format_parses_the_same_whole_and_at_every_cut(fmt, text, content, 
             c, k = _streamed(fmt, text, size, stream)
             assert (c, _pairs(k)) == (content, calls), (size, stream)
             assert [x.function.arguments for x in k] == [x.function.arguments for x in got_calls]
-    if calls and fmt != "pythonic":  # JSON calls stream their arguments; pythonic ones come whole
+    if calls and fmt not in ("pythonic", "qwen3_xml", "glm45"):  # JSON calls stream their arguments; others come whole
         _, parts = _parts(fmt, text, 1, stream=True)
         assert sum(1 for p in parts if p.arguments) > 10 * len(calls)
 
@@ -57,6 +58,9 @@ def test_the_format_is_read_from_the_chat_template():
     assert detect("{{ '<|tool_call|>' + message['tool_calls'] | tojson }}") == "granite"
     assert detect("{{ '<|START_ACTION|>' }}{{ tool_calls | tojson }}{{ '<|END_ACTION|>' }}") == "command_r"
     assert detect("[func_name1(params_name1=params_value1)]") == "pythonic"
+    # Qwen3-Coder's template writes <tool_call> too: its tagged parameters decide
+    assert detect("<tool_call>\n<function={{ tool_call.name }}>\n<parameter={{ k }}>\n") == "qwen3_xml"
+    assert detect("<tool_call>{{ tc.name }}\n<arg_key>{{ k }}</arg_key>") == "glm45"
     assert detect(None) == detect("{{ messages }}") == "hermes"
 
 

@@ -56,7 +56,11 @@ HOW = {"hermes": "its name and arguments as one JSON object inside <tool_call></
        "granite": "<|tool_call|> and then a JSON list of the calls, each with its name and arguments",
        "command_r": "<|START_ACTION|>, a JSON list of the calls, each with its tool_call_id, tool_name and "
                     "parameters, and then <|END_ACTION|>",
-       "pythonic": "only a Python list of the calls, with keyword arguments"}
+       "pythonic": "only a Python list of the calls, with keyword arguments",
+       "qwen3_xml": "a <tool_call> block per call: <function=its name>, then each argument as "
+                    "<parameter=its name> with the value on its own line, then </parameter>",
+       "glm45": "a <tool_call> block per call: its name, then each argument as <arg_key>its name</arg_key> "
+                "and <arg_value>its value</arg_value>"}
 
 Conversation = list[dict[str, Any]]
 
@@ -178,7 +182,11 @@ GRAMMAR = {
     # Command R's one-call list, closed by its end tag
     "command_r": (lambda name: f'{COHERE_TAG}[{{"tool_call_id": "0", "tool_name": {json.dumps(name)}, "parameters": ',
                   "}]" + COHERE_END, "", COHERE_TAG),
+    # tagged text, each argument held to its schema by xgrammar's style for the format (STYLE)
+    "qwen3_xml": (lambda name: f"{OPEN}\n<function={name}>\n", "\n</function>\n" + CLOSE, "\n", OPEN),
+    "glm45": (lambda name: f"{OPEN}{name}", CLOSE, "\n", OPEN),
 }
+STYLE = {"qwen3_xml": "qwen_xml", "glm45": "glm_xml"}
 
 
 def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool,
@@ -201,9 +209,10 @@ def constraint(tools: list[Tool], choice: ToolChoice | None, parallel: bool,
         single = not parallel or isinstance(choice, NamedToolChoice)
         return Constraint("grammar", pythonic_grammar.grammar(tools, not single, offered))
     begin, end, separator, trigger = GRAMMAR[fmt]
+    style = {"style": STYLE[fmt]} if fmt in STYLE else {}
     tags = [{"type": "tag", "begin": begin(t.function.name),
              "content": {"type": "json_schema", "json_schema": t.function.parameters or {"type": "object"},
-                         "max_whitespace_cnt": 4},  # room for indentation, none for endless blank lines
+                         "max_whitespace_cnt": 4, **style},  # room for indentation, none for endless blank lines
              "end": end} for t in tools]
     if forced:
         spec = {"type": "tags_with_separator", "tags": tags, "separator": separator, "at_least_one": True,
@@ -341,7 +350,8 @@ def call_parser(tools: list[Tool], fmt: str = "hermes", stream: bool = False) ->
     """The call parser for this format (`stream`: JSON calls' arguments as they come)."""
     if fmt == "hermes":
         return CallParser(tools, stream)
-    return TailParser(FORMATS[fmt], {t.function.name for t in tools}, stream)
+    return TailParser(FORMATS[fmt], {t.function.name for t in tools}, stream,
+                      {t.function.name: t.function.parameters or {} for t in tools})
 
 
 class Splitter:

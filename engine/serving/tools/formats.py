@@ -1,4 +1,5 @@
-"""Tool-call formats other than Hermes: Llama-3 JSON, Mistral, Granite, Command R and pythonic.
+"""Tool-call formats other than Hermes: Llama-3 JSON, Mistral, Granite, Command R, pythonic,
+and the tagged-text formats of engine/serving/tools/xml_formats.py (Qwen3-Coder's, GLM-4.5's).
 
 Each is the way a model family writes its calls, and in each the calls take the rest of
 the output once they begin:
@@ -30,6 +31,7 @@ from typing import Any
 
 from engine.serving import jsontext
 from engine.serving.openai.protocol import FunctionCall, ToolCall
+from engine.serving.tools import xml_formats
 from engine.serving.tools.argstream import ArgStream
 
 Call = tuple[str, dict[str, Any]]
@@ -162,6 +164,8 @@ class ToolFormat:
     parse: Callable[[str], list[Call] | None]  # the text from the marker on
     render: Callable[[list[Call]], str]  # calls as the model writes them (history, the default prompt)
     streams: bool = False  # JSON calls, whose arguments can stream as they are written (JsonCallStream)
+    # arguments parsed as text, typed by the function's parameter schema (xml_formats.coerce)
+    coerce: Callable[[dict[str, str], dict[str, Any]], dict[str, Any]] | None = None
 
 
 FORMATS = {
@@ -174,6 +178,10 @@ FORMATS = {
     "pythonic": ToolFormat(("[",), True, _pythonic,
                            lambda calls: "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items())
                                                          + ")" for n, a in calls) + "]"),
+    "qwen3_xml": ToolFormat((xml_formats.MARKER,), False, xml_formats.parse_qwen, xml_formats.render_qwen,
+                            coerce=xml_formats.coerce),
+    "glm45": ToolFormat((xml_formats.MARKER,), False, xml_formats.parse_glm, xml_formats.render_glm,
+                        coerce=xml_formats.coerce),
 }
 
 
@@ -221,6 +229,10 @@ def detect(template: str | None) -> str:
         return "granite"
     if COHERE_TAG in t:
         return "command_r"
+    if "<arg_key>" in t:  # GLM-4.5's, inside its <tool_call> blocks
+        return "glm45"
+    if "<function=" in t and "<parameter=" in t:  # Qwen3-Coder's and Qwen3.5's, the same
+        return "qwen3_xml"
     if "<tool_call>" in t:
         return "hermes"
     if "func_name1(" in t or "[func_name(" in t:
@@ -295,9 +307,11 @@ class TailParser:
     With `stream`, a JSON format's calls stream as they are written (JsonCallStream);
     once one has, the held text is read that way to the end rather than parsed whole."""
 
-    def __init__(self, fmt: ToolFormat, names: set[str], stream: bool = False) -> None:
+    def __init__(self, fmt: ToolFormat, names: set[str], stream: bool = False,
+                 schemas: dict[str, dict[str, Any]] | None = None) -> None:
         self.fmt = fmt
         self.names = names
+        self.schemas = schemas or {}  # each function's parameters, for a format whose arguments are text
         self.buf = ""
         self.holding = False
         self.decided = False  # an at-start format has seen text that is not a marker: plain content now
@@ -349,6 +363,8 @@ class TailParser:
         parsed = self.fmt.parse(text if self.fmt.at_start else text[len(self.fmt.markers[0]):])
         if parsed is None or any(name not in self.names for name, _ in parsed):
             return text, []
+        if self.fmt.coerce is not None:
+            parsed = [(name, self.fmt.coerce(args, self.schemas.get(name, {}))) for name, args in parsed]
         self.calls += len(parsed)
         return "", [CallDelta.whole(i, make_call(name, args)) for i, (name, args) in enumerate(parsed)]
 
