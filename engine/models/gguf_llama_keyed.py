@@ -20,6 +20,15 @@ def llama_fields(config: Any) -> dict[str, Any]:
     return {k: getattr(config, k) for k in keep if hasattr(config, k)}
 
 
+def _need(get, key: str) -> int:
+    """A count the config cannot do without: a file that lacks it (or holds no number
+    there) is refused naming the key, not met by a TypeError."""
+    value = get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
+        raise ParamError("model", f"the GGUF file's {key!r} is {value!r}; a positive count is needed")
+    return int(value)
+
+
 def _multipliers(fields: dict[str, Any], get) -> dict[str, float]:
     """Granite's four multipliers, which llama.cpp writes as `*_scale` keys, and only where
     they are set: without one, its embeddings, residuals and logits go unscaled and its
@@ -45,8 +54,8 @@ def _granitemoe(config: Any, get, tensors: dict[str, Any]) -> Any:
     from transformers import GraniteMoeConfig, GraniteMoeSharedConfig
 
     fields = {k: v for k, v in llama_fields(config).items() if k != "intermediate_size"}
-    fields.update(_multipliers(fields, get), num_local_experts=int(get("expert_count")),
-                  num_experts_per_tok=int(get("expert_used_count")),
+    fields.update(_multipliers(fields, get), num_local_experts=_need(get, "expert_count"),
+                  num_experts_per_tok=_need(get, "expert_used_count"),
                   intermediate_size=int(get("expert_feed_forward_length", config.intermediate_size)))
     shared = get("expert_shared_feed_forward_length")
     if shared:
@@ -62,7 +71,7 @@ def mixtral(config: Any, get) -> Any:
     fields = {k: v for k, v in llama_fields(config).items() if k != "intermediate_size"}
     return MixtralConfig(**fields,
                          intermediate_size=int(get("expert_feed_forward_length", config.intermediate_size)),
-                         num_local_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")),
+                         num_local_experts=_need(get, "expert_count"), num_experts_per_tok=_need(get, "expert_used_count"),
                          sliding_window=None, architectures=["MixtralForCausalLM"])
 
 
@@ -202,8 +211,8 @@ def _olmoe(config: Any, get, tensors: dict[str, Any]) -> Any:
     feed-forward length); llama.cpp does not renormalise the top-k, as OLMoE's configs do not."""
     from transformers import OlmoeConfig
 
-    return OlmoeConfig(**llama_fields(config), num_experts=int(get("expert_count")),
-                       num_experts_per_tok=int(get("expert_used_count")), norm_topk_prob=False,
+    return OlmoeConfig(**llama_fields(config), num_experts=_need(get, "expert_count"),
+                       num_experts_per_tok=_need(get, "expert_used_count"), norm_topk_prob=False,
                        attention_bias="blk.0.attn_q.bias" in tensors, architectures=["OlmoeForCausalLM"])
 
 
@@ -247,8 +256,8 @@ def _ernie4_5_moe(config: Any, get, tensors: dict[str, Any]) -> Any:
     from transformers import Ernie4_5_MoeConfig
 
     return Ernie4_5_MoeConfig(**llama_fields(config), use_bias="blk.0.attn_q.bias" in tensors,
-                              moe_num_experts=int(get("expert_count")), moe_k=int(get("expert_used_count")),
-                              moe_intermediate_size=int(get("expert_feed_forward_length")),
+                              moe_num_experts=_need(get, "expert_count"), moe_k=_need(get, "expert_used_count"),
+                              moe_intermediate_size=_need(get, "expert_feed_forward_length"),
                               moe_num_shared_experts=int(get("expert_shared_count", 0)),
                               moe_layer_start_index=int(get("leading_dense_block_count", 1)),
                               moe_layer_interval=int(get("interleave_moe_layer_step", 1)), moe_layer_end_index=-1,
@@ -262,8 +271,8 @@ def _deepseek_moe(get) -> dict[str, Any]:
     gating = get("expert_gating_func")
     if gating not in (None, 2):  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
         raise ParamError("model", f"this GGUF's expert_gating_func is {gating}; its architecture gates by sigmoid (2)")
-    return dict(n_routed_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")),
-                moe_intermediate_size=int(get("expert_feed_forward_length")),
+    return dict(n_routed_experts=_need(get, "expert_count"), num_experts_per_tok=_need(get, "expert_used_count"),
+                moe_intermediate_size=_need(get, "expert_feed_forward_length"),
                 n_shared_experts=int(get("expert_shared_count", 0)),
                 first_k_dense_replace=int(get("leading_dense_block_count", 0)),
                 routed_scaling_factor=float(get("expert_weights_scale", 1.0)),

@@ -113,3 +113,16 @@ def test_olmo2_refuses_tensor_parallelism_by_name(arch_dir):
     with pytest.raises(ParamError) as e:
         LLM(str(arch_dir("olmo2")), dtype="float32", max_model_len=64, tensor_parallel_size=2)
     assert e.value.param == "tensor_parallel_size" and "olmo2" in str(e.value)
+
+
+def test_a_rope_base_list_that_does_not_fit_the_layers_is_refused_by_name(tmp_path, default_model_dir):
+    """Granite SWA's layer_rope_theta, one base per layer: too few (or a negative one) would
+    leave layers without a rotary table, or turn them backwards."""
+    from transformers import AutoConfig
+
+    for thetas in ([10000.0, 0], [10000.0, -1.0, 0]):
+        config = AutoConfig.for_model("granite_swa", **{**arch_models.BASE, **arch_models.ARCHS["granite_swa"],
+                                                          "layer_rope_theta": thetas})
+        with pytest.raises(ParamError) as e:
+            registry.model_class(config)(config, 64, None)
+        assert e.value.param == "model" and "layer_rope_theta" in str(e.value)

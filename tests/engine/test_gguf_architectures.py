@@ -392,3 +392,12 @@ def test_a_gguf_vocabulary_is_split_as_it_was_trained(pre, text, merge, merged, 
 
     assert (merge in pieces(pre)) is merged
     assert (merge in pieces("gpt-2")) is not merged
+
+
+def test_an_expert_file_without_its_counts_is_refused_naming_the_key():
+    """A GGUF whose expert keys are missing or hold no count: a ParamError naming the key,
+    not a TypeError from deep in the config."""
+    for get in (lambda key, default=None: default, lambda key, default=None: "eight" if key == "expert_count" else 2):
+        with pytest.raises(ParamError) as e:
+            gguf_llama_keyed._deepseek_moe(get)
+        assert e.value.param == "model" and "'expert_count'" in str(e.value)

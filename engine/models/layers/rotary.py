@@ -46,6 +46,9 @@ def kinds(config, nope: frozenset[int] = frozenset()) -> tuple[str, ...]:
     types = getattr(config, "layer_types", None)
     thetas = getattr(config, "layer_rope_theta", None)
     if thetas:
+        if len(thetas) != config.num_hidden_layers or any(not isinstance(t, (int, float)) or t < 0 for t in thetas):
+            raise ParamError("model", f"layer_rope_theta must hold a base >= 0 (0 for no rotary) for each of the "
+                                      f"{config.num_hidden_layers} layers; it is {thetas!r}"[:300])
         keys = tuple(f"{THETA}{float(t)!r}" if t else NOPE for t in thetas)
     elif types and all(t in params for t in set(types)):
         keys = tuple(types)
