@@ -21,7 +21,7 @@ from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.granite import GraniteForCausalLM, GraniteSwaForCausalLM
 from engine.models.granitemoe import GraniteMoeForCausalLM, GraniteMoeSwaForCausalLM
 from engine.models.helium import HeliumForCausalLM
-from engine.models.hunyuan import HunYuanDenseV1ForCausalLM
+from engine.models.hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
 from engine.models.llama import CwmForCausalLM, LlamaForCausalLM
 from engine.models.ministral import Ministral3ForCausalLM, MinistralForCausalLM
 from engine.models.mistral import MistralForCausalLM
@@ -84,6 +84,7 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "vaultgemma": VaultGemmaForCausalLM,
     "cwm": CwmForCausalLM,
     "flex_olmo": FlexOlmoForCausalLM,
+    "hunyuan_v1_moe": HunYuanMoEV1ForCausalLM,
 }
 # Multimodal configs whose language model we serve: their text config is the model's.
 TEXT_OF = {"gemma3": "gemma3_text"}

@@ -129,6 +129,10 @@ ARCHS: dict[str, dict] = {
                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
                                         "mscale": 1.0, "mscale_all_dim": 0.5, "llama_4_scaling_beta": 0.5,
                                         "rope_theta": 10000.0}),
+    # HunYuan MoE: HunYuan's attention over renormalised experts and an ungated shared MLP.
+    "hunyuan_v1_moe": dict(num_experts=4, moe_topk=2, attention_bias=True, head_dim=16, tie_word_embeddings=True,
+                           rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                                            "rope_theta": 10000.0}),
     # VaultGemma: Gemma 2 without its norms after attention and MLP.
     "vaultgemma": dict(sliding_window=WINDOW, head_dim=16, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
                        final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh"),
@@ -156,7 +160,7 @@ ARCHS: dict[str, dict] = {
 # weighs about the same, and the embeddings outweigh the layers).
 SHARP = ("gpt_oss", "smollm3", "ernie4_5", "glm", "glm4", "cohere", "cohere2", "gemma", "nemotron", "helium",
          "starcoder2", "hunyuan_v1_dense", "granite_swa", "granitemoe_swa", "granite", "granitemoe", "granitemoeshared",
-         "arcee")
+         "arcee", "hunyuan_v1_moe")
 
 
 def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
