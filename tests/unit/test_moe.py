@@ -185,3 +185,24 @@ def test_the_choice_bias_picks_the_experts_but_not_their_weights():
     assert sorted(experts[0].tolist()) == [0, 3]  # the bias brought expert 3 in ahead of 1
     picked = scores[experts[0]]
     torch.testing.assert_close(weights[0], picked / picked.sum() * 2.5)
+
+
+def test_a_lone_token_in_a_bf16_layer_with_fp32_weights_matches_a_batch():
+    """Mixtral's and GLM-4.5's routing weights stay fp32; a lone token's experts (the
+    decode path without a sort) give the bits a batch's index_add gives, in the layer's
+    dtype."""
+    from engine.models.arch import MoESpec
+
+    torch.manual_seed(0)
+    spec = MoESpec(4, 2, inter=24, norm_topk=True, layers=frozenset({0}), weights_in_dtype=False)
+    moe = SparseMoE(16, spec, "gelu_tanh", parallel.single().tp)  # gelu: experts packed one by one
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0.0, 0.3)
+    moe = moe.to(torch.bfloat16)
+    moe.pack()
+    x = torch.randn(1, 16).to(torch.bfloat16)
+    with torch.no_grad():
+        one, batch = moe(x), moe(torch.cat([x, x]))
+    assert moe.packed and one.dtype == torch.bfloat16
+    assert torch.equal(one[0], batch[0])
