@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from engine.serving import jsontext
@@ -55,32 +56,28 @@ def _one_newline(value: str) -> str:
     return value[:-1] if value.endswith("\n") else value
 
 
-def parse_qwen(text: str) -> list[Raw] | None:
-    """The calls from the first one's marker on (TailParser hands over the text after it)."""
-    calls = _tiled(QWEN_CALL, MARKER + text)
+def _parse(call_re: re.Pattern[str], arg_re: re.Pattern[str], text: str,
+           value: Callable[[str], str] = str) -> list[Raw] | None:
+    """The calls from the first one's marker on (TailParser hands over the text after
+    it): each call's name and its arguments' text, or None where the text is not calls."""
+    calls = _tiled(call_re, MARKER + text)
     if calls is None:
         return None
     out = []
     for call in calls:
-        params = _tiled(QWEN_PARAM, call[2]) if call[2].strip() else []
-        if params is None:
+        args = _tiled(arg_re, call[2]) if call[2].strip() else []
+        if args is None:
             return None
-        out.append((call[1].strip(), {p[1].strip(): _one_newline(p[2]) for p in params}))
+        out.append((call[1].strip(), {a[1].strip(): value(a[2]) for a in args}))
     return out
+
+
+def parse_qwen(text: str) -> list[Raw] | None:
+    return _parse(QWEN_CALL, QWEN_PARAM, text, _one_newline)
 
 
 def parse_glm(text: str) -> list[Raw] | None:
-    """As parse_qwen."""
-    calls = _tiled(GLM_CALL, MARKER + text)
-    if calls is None:
-        return None
-    out = []
-    for call in calls:
-        pairs = _tiled(GLM_PAIR, call[2]) if call[2].strip() else []
-        if pairs is None:
-            return None
-        out.append((call[1].strip(), {p[1].strip(): p[2] for p in pairs}))
-    return out
+    return _parse(GLM_CALL, GLM_PAIR, text)
 
 
 def _text(value: Any) -> str:
