@@ -71,7 +71,8 @@ def mixtral(config: Any, get) -> Any:
     fields = {k: v for k, v in llama_fields(config).items() if k != "intermediate_size"}
     return MixtralConfig(**fields,
                          intermediate_size=int(get("expert_feed_forward_length", config.intermediate_size)),
-                         num_local_experts=_need(get, "expert_count"), num_experts_per_tok=_need(get, "expert_used_count"),
+                         num_local_experts=_need(get, "expert_count"),
+                         num_experts_per_tok=_need(get, "expert_used_count"),
                          sliding_window=None, architectures=["MixtralForCausalLM"])
 
 

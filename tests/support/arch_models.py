@@ -182,7 +182,8 @@ def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **ove
                 p.copy_(torch.randn_like(p) * 3.0 + 3.0)
             if name.endswith(("mlp.gate.weight", "mlp.router.weight", "moe.router.weight")):  # a decisive router: no near tie
                 p.mul_(8.0)
-            if (".experts." in name or ".shared_expert" in name or ".shared_mlp." in name) and not name.endswith("bias"):
+            expert = ".experts." in name or ".shared_expert" in name or ".shared_mlp." in name
+            if expert and not name.endswith("bias"):
                 p.mul_(6.0)  # experts that move the output: a routing or weighting slip shows
             if model_type in SHARP and ".self_attn." in name and name.endswith("weight"):
                 p.mul_(8.0)  # attention sharp enough that what sets its positions apart shows

@@ -1,9 +1,9 @@
 """Tiny GGUF files of each architecture llama.cpp converts, written with the gguf
 package from a transformers checkpoint: tensors named and transformed as llama.cpp's
 converter names and transforms them (Gemma's and Nemotron's norms stored as 1 + w; the
-Llama family's q/k rows interleaved; experts merged per layer; GLM-4.5's multi-token-prediction
-block after the last layer; Phi-3's fused projections
-kept fused; LongRoPE factors as tensors; Apertus's xIELU parameters as keys), the
+Llama family's q/k rows interleaved; experts merged per layer; GLM-4.5's
+multi-token-prediction block after the last layer; Phi-3's fused projections kept fused;
+LongRoPE factors as tensors; Apertus's xIELU parameters as keys), the
 metadata keys it writes, and a small byte-level tokenizer (its `pre` named as the
 converter names it). F32 tensors keep the checkpoint's values exactly; Q8_0 (or Q5_0)
 ones are what a quantized file holds."""
@@ -170,7 +170,8 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
     if config.model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "ernie4_5_moe", "glm4_moe", "dots1"):
-        tensors = _merge_experts(tensors, config.num_hidden_layers, getattr(config, EXPERT_KEYS[config.model_type][0]))
+        count = getattr(config, EXPERT_KEYS[config.model_type][0])
+        tensors = _merge_experts(tensors, config.num_hidden_layers, count)
     if config.model_type in ("ernie4_5_moe", "glm4_moe", "dots1"):  # as its converter renames it for the name map
         tensors = {k.replace("e_score_correction_bias", "e_score_correction.bias"): v for k, v in tensors.items()}
     if config.model_type == "gpt_oss":
@@ -343,5 +344,6 @@ def _llama_permuted(tensors: dict[str, torch.Tensor], config) -> dict[str, torch
         if name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
             heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
             n = tensor.shape[0]
-            out[name] = tensor.reshape(heads, 2, n // heads // 2, *tensor.shape[1:]).transpose(1, 2).reshape(tensor.shape)
+            out[name] = (tensor.reshape(heads, 2, n // heads // 2, *tensor.shape[1:]).transpose(1, 2)
+                         .reshape(tensor.shape))
     return out

@@ -92,7 +92,8 @@ def test_bad_expert_configs_are_refused_by_name():
     for model_type, kw, word in (("mixtral", dict(num_local_experts=2, num_experts_per_tok=3), "num_experts_per_tok"),
                                  ("qwen3_moe", dict(num_experts=0, num_experts_per_tok=1), "expert"),
                                  # 6 experts in 4 groups, or groups of one (no two best to rank a group by)
-                                 ("glm4_moe", dict(n_routed_experts=6, num_experts_per_tok=2, n_group=4, topk_group=1), "n_group"),
+                                 ("glm4_moe", dict(n_routed_experts=6, num_experts_per_tok=2, n_group=4,
+                                                   topk_group=1), "n_group"),
                                  ("dots1", dict(n_routed_experts=4, num_experts_per_tok=2, n_group=4, topk_group=2,
                                                 moe_intermediate_size=8, n_shared_experts=1), "n_group"),
                                  # the kept groups hold fewer experts than the top-k

@@ -44,7 +44,7 @@ def test_each_format_parses_the_same_whole_and_at_every_cut(fmt, text, content, 
             c, k = _streamed(fmt, text, size, stream)
             assert (c, _pairs(k)) == (content, calls), (size, stream)
             assert [x.function.arguments for x in k] == [x.function.arguments for x in got_calls]
-    if calls and fmt not in ("pythonic", "qwen3_xml", "glm45"):  # JSON calls stream their arguments; others come whole
+    if calls and fmt not in ("pythonic", "qwen3_xml", "glm45"):  # JSON calls stream their arguments; others whole
         _, parts = _parts(fmt, text, 1, stream=True)
         assert sum(1 for p in parts if p.arguments) > 10 * len(calls)
 
