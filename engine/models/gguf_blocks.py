@@ -16,7 +16,7 @@ import torch
 
 from engine.errors import ParamError
 from engine.models import gguf_config, mxfp4
-from engine.models.gguf_tensors import GGUF_EXPERTS, unpermuted_order
+from engine.models.gguf_tensors import GGUF_EXPERTS, PERMUTED, unpermuted_order
 from engine.models.weights import rotary_order
 from kernels import quant
 
@@ -26,10 +26,6 @@ GGUF_PARTS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "self_attn.o
               "mlp.gate_up_proj": ("ffn_gate", "ffn_up"), "mlp.down_proj": ("ffn_down",)}
 GGUF_FUSED_PARTS = {"self_attn.qkv_proj": ("attn_qkv",), "self_attn.o_proj": ("attn_output",),
                     "mlp.gate_up_proj": ("ffn_up",), "mlp.down_proj": ("ffn_down",)}
-# The architectures whose q and k rows llama.cpp's converter interleaves (its Llama family,
-# Mixtral filed as `llama` among them).
-PERMUTED = {"llama", "mistral", "granite", "mixtral", "smollm3", "arcee", "ministral3", "granitemoe",
-            "granitemoeshared"}
 # A Qwen2-MoE shared expert's GGUF tensors; the routed experts' are merged per layer.
 GGUF_SHARED_PARTS = {"mlp.shared_expert.gate_up_proj": ("ffn_gate_shexp", "ffn_up_shexp"),
                      "mlp.shared_expert.down_proj": ("ffn_down_shexp",)}

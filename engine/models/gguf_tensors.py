@@ -51,7 +51,10 @@ GRANITEMOE_LAYER = {**MIXTRAL_LAYER, "ffn_gate_shexp.weight": "mlp.shared_expert
 LAYER_NAMES = {"gpt_oss": GPT_OSS_LAYER, "mixtral": MIXTRAL_LAYER, "granitemoe": GRANITEMOE_LAYER,
                "granitemoeshared": GRANITEMOE_LAYER}
 OWN = tuple(LAYER_NAMES)  # the model types this module converts by its own tables
-PERMUTED_QK = ("mixtral", "granitemoe", "granitemoeshared")  # q and k interleaved as a Llama's
+# The model types whose q and k rows llama.cpp's converter interleaves (its Llama family,
+# Mixtral filed as `llama` among them): unpermuted here and on the blocks (gguf_blocks).
+PERMUTED = frozenset({"llama", "mistral", "granite", "mixtral", "smollm3", "arcee", "ministral3", "granitemoe",
+                      "granitemoeshared"})
 # What the converter added to a norm's weight: Gemma's and Nemotron's (1 + w) are stored whole.
 NORM_ADDED = {"gemma": 1.0, "nemotron": 1.0}
 
@@ -156,7 +159,7 @@ def convert(path: Path, config: Any, keep: Callable[[str], bool]) -> dict[str, t
         if rest.startswith(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")) and rest not in layer_names:
             experts[i, rest] = data
         elif rest in layer_names:
-            if config.model_type in PERMUTED_QK and rest in ("attn_q.weight", "attn_k.weight"):
+            if config.model_type in PERMUTED and rest in ("attn_q.weight", "attn_k.weight"):
                 heads = config.num_attention_heads if rest == "attn_q.weight" else config.num_key_value_heads
                 data = unpermute(data, heads)
             out[f"model.layers.{i}.{layer_names[rest]}"] = data

@@ -8,12 +8,12 @@ from engine.models.apertus import ApertusForCausalLM
 from engine.models.arcee import ArceeForCausalLM
 from engine.models.cohere import Cohere2ForCausalLM, CohereForCausalLM
 from engine.models.decoder import DecoderForCausalLM
-from engine.models.gemma import GemmaForCausalLM
-from engine.models.gemma2 import Gemma2ForCausalLM, VaultGemmaForCausalLM
 from engine.models.dots1 import Dots1ForCausalLM
 from engine.models.ernie4_5 import Ernie4_5ForCausalLM
 from engine.models.ernie4_5_moe import Ernie4_5_MoeForCausalLM
 from engine.models.exaone4 import Exaone4ForCausalLM
+from engine.models.gemma import GemmaForCausalLM
+from engine.models.gemma2 import Gemma2ForCausalLM, VaultGemmaForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.glm import Glm4ForCausalLM, GlmForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM
