@@ -220,6 +220,8 @@ class Placement:
         from kernels.backend import select as select_backend
 
         spec = registry.model_class(hf_config).spec(hf_config)
+        if spec.linear is not None:
+            _check_linear_attention(config, hf_config)
         if config.tensor_parallel_size > 1 and not spec.tp_ok:
             raise ParamError("tensor_parallel_size", f"{hf_config.model_type} is not served under tensor "
                              "parallelism: one of its layers spans every attention head")
@@ -247,6 +249,9 @@ class ResolvedConfig:
     max_positions: int  # rotary table length
     num_blocks: int
     kv_groups: KVGroups  # which layers share a block table (engine/kv_groups.py)
+    # Linear-attention models: the state slots (one per sequence that may run), whose
+    # bytes come out of the cache's budget before the blocks; 0 for every other model.
+    state_slots: int = 0
 
     @classmethod
     def resolve(cls, config: EngineConfig, hf_config: Any, placement: Placement, attention_backend: AttentionBackend,
@@ -257,15 +262,19 @@ class ResolvedConfig:
         call it once the weights are in, as vLLM sizes its pool after the profile run.
         `extra_block_bytes` is what each block also takes elsewhere (a draft model's cache,
         addressed by the same block ids)."""
+        from engine.models import registry
         from engine.models.decoder import kv_block_bytes
 
         device, dtype, positions = placement.device, placement.dtype, placement.max_positions
+        linear = registry.linear_attention(hf_config)
+        state_slots = config.max_num_seqs if linear is not None else 0
+        state_bytes = linear.state_bytes(dtype) * state_slots if linear is not None else 0
         groups = kv_groups(config, hf_config)
         # Under parallelism every rank holds the same number of blocks, of its heads and layers.
         block_bytes = kv_block_bytes(hf_config, config.block_size, dtype, config.tensor_parallel_size,
                                      config.pipeline_parallel_size,
                                      groups.layers_per_block if groups.num_groups > 1 else None) + extra_block_bytes
-        num_blocks = _num_blocks(config, device, block_bytes, pending_bytes)
+        num_blocks = _num_blocks(config, device, block_bytes, pending_bytes, state_bytes)
         capacity = num_blocks * config.block_size
         # A windowed group holds at most its window, the step's new tokens and a partial block
         # at each end (engine/kv_cache_manager.py); a full one the whole sequence.
@@ -279,7 +288,26 @@ class ResolvedConfig:
                 f"max_model_len ({max_model_len}) needs {held} KV blocks but "
                 f"kv_cache_memory_bytes only holds {num_blocks}; raise the memory or lower it",
             )
-        return cls(device, dtype, attention_backend, max_model_len, positions, num_blocks, groups)
+        return cls(device, dtype, attention_backend, max_model_len, positions, num_blocks, groups, state_slots)
+
+
+def _check_linear_attention(config: EngineConfig, hf_config: Any) -> None:
+    """What a model with linear-attention layers cannot do, refused by name: their state is
+    one per sequence at its last token, so a draft's rejected tokens cannot be taken back
+    out of it, and it is neither split across ranks nor handed between stages. The prefix
+    cache is off for it (cached blocks cannot restore a state); that is said, not refused,
+    as the option is on by default."""
+    name = hf_config.model_type
+    if config.speculative_config is not None:
+        raise ParamError("speculative_config", f"{name} is not served with speculative decoding: its "
+                         "linear-attention layers' state cannot take back rejected tokens")
+    for field in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(config, field) > 1:
+            raise ParamError(field, f"{name} is not served under parallelism: its linear-attention layers "
+                             "keep their state on one rank")
+    if config.enable_prefix_caching:
+        logger.info("prefix caching is off for %s: its linear-attention layers keep a state that cached KV "
+                    "blocks cannot restore", name)
 
 
 def kv_groups(config: EngineConfig, hf_config: Any) -> KVGroups:
@@ -328,13 +356,20 @@ def measures_memory(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _num_blocks(config: EngineConfig, device: torch.device, block_bytes: int, pending_bytes: int) -> int:
+def _num_blocks(config: EngineConfig, device: torch.device, block_bytes: int, pending_bytes: int,
+                state_bytes: int = 0) -> int:
     budget = config.kv_cache_memory_bytes
     if budget is None:
         if measures_memory(device):
             budget = int(max(0, free_device_memory(device) - pending_bytes) * config.gpu_memory_utilization)
         else:
             budget = CPU_KV_DEFAULT_BYTES
+    if state_bytes and budget - state_bytes < block_bytes:
+        raise ParamError("kv_cache_memory_bytes",
+                         f"the cache budget ({budget} bytes) does not hold the linear-attention states of "
+                         f"max_num_seqs ({config.max_num_seqs}) sequences ({state_bytes} bytes) and a KV block "
+                         f"({block_bytes} bytes); raise the budget or lower max_num_seqs")
+    budget -= state_bytes
     num_blocks = budget // block_bytes
     if num_blocks < 1:
         raise ParamError("kv_cache_memory_bytes",

@@ -71,7 +71,7 @@ class LLMEngine:
         self.device, self.dtype = resolved.device, resolved.dtype
         self.max_model_len = resolved.max_model_len
         self.kv_manager = KVCacheManager(resolved.num_blocks, config.block_size, config.enable_prefix_caching,
-                                         resolved.kv_groups.windows)
+                                         resolved.kv_groups.windows, resolved.state_slots)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.scheduling_policy, sc.num_speculative_tokens if sc else 0,
                                    sc.disable_by_batch_size if sc else None, sc.max_batch_rows if sc else None)

@@ -224,7 +224,7 @@ def create_executor(config: EngineConfig, placement: Placement, files: loader.Mo
         reserve = cuda_graphs.pool_bytes(hf_config, sizes[-1], placement.dtype) if sizes else 0
         resolved = ResolvedConfig.resolve(config, hf_config, placement, backend, reserve, extra_block_bytes)
         runner = ModelRunner(model, resolved.num_blocks, config.block_size, resolved.dtype, resolved.device, backend,
-                             groups=resolved.kv_groups)
+                             groups=resolved.kv_groups, state_slots=resolved.state_slots)
         if sizes:
             runner.graphs = cuda_graphs.DecodeGraphs(runner, sizes, -(-resolved.max_model_len // config.block_size))
             runner.graphs.capture_all()

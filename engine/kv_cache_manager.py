@@ -20,6 +20,7 @@ import hashlib
 
 from engine.block_pool import Block, BlockPool, hash_block
 from engine.sequence import Sequence
+from engine.state_slots import StateSlots
 
 
 def cdiv(a: int, b: int) -> int:
@@ -33,8 +34,13 @@ DROPPED = Block(-1, ref_cnt=1 << 30)
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 windows: tuple[int | None, ...] = (None,)) -> None:
+                 windows: tuple[int | None, ...] = (None,), state_slots: int = 0) -> None:
         self.block_size = block_size
+        # A model with linear-attention layers: a state slot per running sequence besides its
+        # blocks (engine/state_slots.py). Cached blocks cannot restore a state, so such a
+        # model has no prefix cache (engine/config.py says so when it is asked for).
+        self.states = StateSlots(state_slots) if state_slots else None
+        enable_caching = enable_caching and self.states is None
         self.pool = BlockPool(num_blocks, enable_caching)
         self.enable_caching = enable_caching
         self.windows = windows  # per group: the window its layers attend within; None: everything
@@ -104,6 +110,10 @@ class KVCacheManager:
         revive = sum(1 for group in hits for b in group if b.ref_cnt == 0)
         if need * self.num_groups + revive + sum(cows) > self.pool.num_free:
             return False
+        if self.states is not None:
+            if not self.states.can_hold(seq.seq_id):
+                return False
+            self.states.take(seq.seq_id)
         for g, table in enumerate(tables):
             if cows[g]:
                 old = table[-1]
@@ -172,6 +182,8 @@ class KVCacheManager:
             dropped[child.seq_id] = skip
         self._published[child.seq_id] = self._published.get(parent.seq_id, 0)
         child.block_hashes = list(parent.block_hashes)
+        if self.states is not None:
+            self.states.fork(parent.seq_id, child.seq_id)
 
     def free(self, seq: Sequence) -> None:
         """Return the sequence's blocks, tail first, so a chain's tail is evicted before its head."""
@@ -179,10 +191,20 @@ class KVCacheManager:
             table = tables.pop(seq.seq_id, [])
             self.pool.release(reversed(table[dropped.pop(seq.seq_id, 0):]))
         self._published.pop(seq.seq_id, None)
+        if self.states is not None:
+            self.states.release(seq.seq_id)
 
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
         return copies
+
+    def take_state_copies(self) -> list[tuple[int, int]]:
+        """(src, dst) state slots to copy before the next forward: forks' states."""
+        return self.states.take_copies() if self.states is not None else []
+
+    def state_slot(self, seq: Sequence) -> int:
+        assert self.states is not None
+        return self.states.slot(seq.seq_id)
 
     # -- introspection ------------------------------------------------------------
     def block_ids(self, seq: Sequence, group: int = 0) -> list[int]:

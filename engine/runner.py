@@ -48,8 +48,13 @@ class StepTensors:
     # Rows whose final hidden states embedding requests pool (engine/pooling.py). Never
     # packed: a pooling engine has one rank (EngineConfig refuses parallelism with a pooler).
     pool_indices: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    # A linear-attention model's state slot per sequence, and the (src, dst) slots to copy
+    # first (engine/state_slots.py). Never packed either: such a model has one rank.
+    state_slots: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    state_copies: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 2, dtype=torch.int64))
 
     def pack(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert not self.state_slots.shape[0], "a linear-attention model runs on one rank"
         n, (s, w) = self.input_ids.shape[0], self.block_tables.shape
         header = torch.tensor([STEP, n, s, w, self.num_decodes, self.logits_indices.shape[0],
                                self.copies.shape[0], self.group_slots.shape[0]], dtype=torch.int64)
@@ -76,7 +81,8 @@ class StepTensors:
             return self
         moved = [t.to(device, non_blocking=True) for t in (
             self.input_ids, self.positions, self.slot_mapping, self.block_tables, self.query_start_loc,
-            self.seq_lens, self.logits_indices, self.copies, self.group_tables, self.group_slots, self.pool_indices)]
+            self.seq_lens, self.logits_indices, self.copies, self.group_tables, self.group_slots, self.pool_indices,
+            self.state_slots, self.state_copies)]
         return StepTensors(*moved[:8], self.num_decodes, *moved[8:])
 
 
@@ -190,6 +196,9 @@ def prepare(batch: Batch, kv_manager: KVCacheManager) -> StepInput:
         pool_indices=torch.from_numpy(np.concatenate(pool_idx).astype(np.int64)) if pool_idx
         else torch.zeros(0, dtype=torch.int64),
     )
+    if kv_manager.states is not None:
+        tensors.state_slots = torch.tensor([kv_manager.state_slot(r) for r in reqs], dtype=torch.int64)
+        tensors.state_copies = torch.tensor(batch.state_copies, dtype=torch.int64).view(-1, 2)
     if kv_manager.num_groups > 1:
         req_of_token = np.repeat(np.arange(len(reqs)), num_new)
         extra = [table_and_slots([kv_manager.block_ids(r, g) for r in reqs], req_of_token, positions,
@@ -212,6 +221,7 @@ class ModelRunner:
         backend: AttentionBackend = TorchBackend(),
         cores: list[int] | None = None,
         groups: kv_groups.KVGroups | None = None,
+        state_slots: int = 0,
     ) -> None:
         self.model = model
         self.device = device
@@ -221,15 +231,29 @@ class ModelRunner:
         self._threads_bound = not backend.pins_threads  # pinned on first use, by the thread that steps
         if device.type == "cpu":
             kernels.cpu.keep_freed_memory()
-        num_kv = model.layers[0].self_attn.num_kv_heads if len(model.layers) else 0
+        kv_layers = [i for i, layer in enumerate(model.layers) if not layer.is_linear]
+        num_kv = model.attention.num_kv_heads if kv_layers else 0
         shape = (num_blocks, block_size, num_kv, head_dim(model.config))
-        # One K/V pair per layer of a block (engine/kv_groups.py); each layer reads its own.
-        self.groups = groups = groups or kv_groups.single(len(model.layers))
+        # One K/V pair per KV layer of a block (engine/kv_groups.py); each layer reads its own.
+        self.groups = groups = groups or kv_groups.single(len(kv_layers))
         self.kv_slots = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(groups.layers_per_block)
         ]
-        self.kv_caches = [self.kv_slots[j] for j in groups.slot_of]
+        # Per layer: its K/V pair and its group's metadata; a linear-attention layer's state
+        # tensors (the convolution's, the delta rule's, a row per slot) and group 0's.
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.layer_group: list[int] = []
+        for layer in model.layers:
+            if layer.is_linear:
+                conv, delta = layer.linear_attn.spec.state_shapes()
+                self.kv_caches.append((torch.zeros(state_slots, *conv, dtype=dtype, device=device),
+                                       torch.zeros(state_slots, *delta, dtype=torch.float32, device=device)))
+                self.layer_group.append(0)
+            else:
+                a = kv_layers.index(len(self.layer_group))  # its place among the KV layers
+                self.kv_caches.append(self.kv_slots[groups.slot_of[a]])
+                self.layer_group.append(groups.group_of[a])
         self.graphs: DecodeGraphs | None = None  # engine/cuda_graphs.py, set once captured
 
     @torch.inference_mode()
@@ -252,8 +276,13 @@ class ModelRunner:
         if step.copies.shape[0]:
             for k, v in self.kv_slots:
                 kernels.copy_blocks(k, v, step.copies[:, 0], step.copies[:, 1])
+        for src, dst in step.state_copies.tolist():  # in the order the forks happened
+            for layer, states in zip(self.model.layers, self.kv_caches):
+                if layer.is_linear:
+                    for t in states:
+                        t[dst] = t[src]
         metas = self.metas(step)
-        return self.model(step.input_ids, step.positions, self.kv_caches, [metas[g] for g in self.groups.group_of],
+        return self.model(step.input_ids, step.positions, self.kv_caches, [metas[g] for g in self.layer_group],
                           step.logits_indices, hidden, step.pool_indices)
 
     def metas(self, step: StepTensors) -> list[AttnMetadata]:
@@ -263,6 +292,9 @@ class ModelRunner:
         out = [self.meta(step.block_tables, step.slot_mapping, step.num_decodes, lens, qsl)]
         for tables, slots in zip(step.group_tables, step.group_slots):
             out.append(self.meta(tables, slots, step.num_decodes, lens, qsl))
+        if step.state_slots.shape[0]:
+            for meta in out:
+                meta.state_slots = step.state_slots
         return out
 
     def meta(self, block_tables: torch.Tensor, slot_mapping: torch.Tensor, nd: int, lens: torch.Tensor,

@@ -23,6 +23,7 @@ class Batch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) blocks to copy first
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) state slots, likewise
     # Per sequence: how many speculative tokens it may propose; its num_new already counts them.
     spec_allow: list[int] = field(default_factory=list)
     # What scheduling this step did, as increments.
@@ -181,6 +182,7 @@ class Scheduler:
             budget -= num_new
 
         batch.copies = kv.take_copies()
+        batch.state_copies = kv.take_state_copies()
         return batch
 
     def _unit(self, seq: Sequence, scheduled: set[int]) -> list[Sequence]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
 
 @dataclass(frozen=True)
 class MoESpec:
@@ -88,6 +90,33 @@ def deepseek_moe(config) -> MoESpec:
 
 
 @dataclass(frozen=True)
+class LinearAttnSpec:
+    """The linear-attention layers and their sizes (transformers' linear_* config keys)."""
+
+    layers: frozenset[int]
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Per sequence: the convolution's (channels, k - 1), the delta rule's (heads, dk, dv)."""
+        return (self.conv_channels, self.conv_kernel - 1), (self.value_heads, self.key_dim, self.value_dim)
+
+    def state_bytes(self, dtype: torch.dtype) -> int:
+        """One sequence's state over all the linear layers: the convolution's in the model's
+        dtype, the delta rule's in fp32 (as transformers keeps it)."""
+        conv, delta = self.state_shapes()
+        elem = torch.empty((), dtype=dtype).element_size()
+        return len(self.layers) * (conv[0] * conv[1] * elem + delta[0] * delta[1] * delta[2] * 4)
+
+
+@dataclass(frozen=True)
 class ArchSpec:
     qkv_bias: bool = False
     o_bias: bool = False
@@ -125,13 +154,24 @@ class ArchSpec:
     # Rotary pairs adjacent dims (2i, 2i + 1) instead of (i, i + rot / 2) (GLM, ERNIE 4.5): the
     # loader reorders each q and k head's rows so that every path runs rotate-half.
     rope_interleaved: bool = False
+    # Qwen3-Next's and Qwen3.5's attention: q_proj gives each head's query and then a gate,
+    # whose sigmoid scales the head's output before o_proj.
+    attn_gate: bool = False
+    # Their linear-attention layers (Gated DeltaNet), which keep a state per sequence, not KV.
+    linear: LinearAttnSpec | None = None
 
     def fusable(self) -> bool:
         """Whether the fused layer (DecoderLayer.forward_fused) runs this layer shape: every
         placement of RMSNorms (a late_cast norm's fp32 weight applies before the rounding
         there too), and LayerNorms before each block or Cohere's before both, which run as
         modules there, as q/k norms after the rotary do (HunYuan)."""
-        return self.norm_kind == "rms" or self.norms in ("pre", "parallel")
+        return (self.norm_kind == "rms" or self.norms in ("pre", "parallel")) and not self.attn_gate \
+            and self.linear is None
+
+    def kv_layers(self, num_layers: int) -> list[int]:
+        """The layers that attend over a KV cache: all but the linear-attention ones."""
+        linear = self.linear.layers if self.linear is not None else frozenset()
+        return [i for i in range(num_layers) if i not in linear]
 
 
 # transformers' names of the activations the MLP computes, as ArchSpec names them.

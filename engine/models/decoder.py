@@ -27,13 +27,20 @@ from engine.models.layers.block import DecoderLayer
 from engine.models.layers.moe import SparseMoE
 from engine.models.layers.norm import hidden_norm
 
-__all__ = ["AttnMetadata", "DecoderForCausalLM", "head_dim", "kv_block_bytes", "num_kv_heads"]
+__all__ = ["AttnMetadata", "DecoderForCausalLM", "head_dim", "kv_block_bytes", "num_kv_heads", "num_kv_layers"]
 
 head_dim = rotary.head_dim
 
 
 def num_kv_heads(config) -> int:
     return config.num_key_value_heads or config.num_attention_heads
+
+
+def num_kv_layers(config) -> int:
+    """The layers that keep KV: all but linear-attention ones (Qwen3.5's, Qwen3-Next's),
+    which keep a state per sequence instead."""
+    types = getattr(config, "layer_types", None) or ()
+    return config.num_hidden_layers - sum(t == "linear_attention" for t in types)
 
 
 def kv_block_bytes(config, block_size: int, dtype: torch.dtype, tp: int = 1, pp: int = 1,
@@ -43,7 +50,7 @@ def kv_block_bytes(config, block_size: int, dtype: torch.dtype, tp: int = 1, pp:
     and layers."""
     elem = torch.empty((), dtype=dtype).element_size()
     heads = parallel.max_kv_heads(config, tp)
-    layers = layers_per_block or parallel.max_layers(config.num_hidden_layers, pp)
+    layers = layers_per_block or parallel.max_layers(num_kv_layers(config), pp)
     return 2 * layers * block_size * heads * head_dim(config) * elem
 
 
@@ -134,7 +141,13 @@ class DecoderForCausalLM(nn.Module):
         """Whether a forward pass runs without asking the host anything, so a CUDA graph
         can hold it (engine/cuda_graphs.py): an expert layer counts its tokens per expert
         on the host."""
-        return self.arch.moe is None
+        return self.arch.moe is None and self.arch.linear is None
+
+    @property
+    def attention(self):
+        """An attention module of this stage (their head counts and sizes are all alike);
+        the first layer of a hybrid model may be a linear-attention one."""
+        return next(layer.self_attn for layer in self.layers if not layer.is_linear)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

@@ -146,7 +146,7 @@ def _qk_orders(model: Any, config: Any) -> dict[str, torch.Tensor]:
     rotate-half's pairs as it does a checkpoint's (engine/models/weights.py)."""
     heads = {"attn_q": config.num_attention_heads,
              "attn_k": getattr(config, "num_key_value_heads", None) or config.num_attention_heads}
-    d = model.layers[0].self_attn.head_dim
+    d = model.attention.head_dim
     if config.model_type in PERMUTED:
         return {p: unpermuted_order(h * d, h) for p, h in heads.items()}
     if model.arch.rope_interleaved:

@@ -4,6 +4,7 @@ transformers itself dispatches on."""
 from __future__ import annotations
 
 from engine.errors import ParamError
+from engine.models.arch import LinearAttnSpec
 from engine.models.apertus import ApertusForCausalLM
 from engine.models.arcee import ArceeForCausalLM
 from engine.models.cohere import Cohere2ForCausalLM, CohereForCausalLM
@@ -33,6 +34,7 @@ from engine.models.phi3 import Phi3ForCausalLM
 from engine.models.qwen2 import Qwen2ForCausalLM
 from engine.models.qwen2_moe import Qwen2MoeForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM
 from engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from engine.models.seed_oss import SeedOssForCausalLM
 from engine.models.smollm3 import SmolLM3ForCausalLM
@@ -85,9 +87,12 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "cwm": CwmForCausalLM,
     "flex_olmo": FlexOlmoForCausalLM,
     "hunyuan_v1_moe": HunYuanMoEV1ForCausalLM,
+    "qwen3_5_text": Qwen3_5ForCausalLM,
+    "qwen3_5_moe_text": Qwen3_5MoeForCausalLM,
+    "qwen3_next": Qwen3NextForCausalLM,
 }
 # Multimodal configs whose language model we serve: their text config is the model's.
-TEXT_OF = {"gemma3": "gemma3_text"}
+TEXT_OF = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
 
 def model_class(config) -> type[DecoderForCausalLM]:
@@ -101,8 +106,15 @@ def model_class(config) -> type[DecoderForCausalLM]:
 
 
 def layer_windows(config) -> tuple[int, ...]:
-    """Each layer's sliding window, 0 where it sees the whole sequence."""
-    return model_class(config).spec(config).windows
+    """Each KV layer's sliding window, 0 where it sees the whole sequence (linear-attention
+    layers keep no KV, and have none)."""
+    spec = model_class(config).spec(config)
+    return tuple(spec.windows[i] for i in spec.kv_layers(config.num_hidden_layers))
+
+
+def linear_attention(config) -> LinearAttnSpec | None:
+    """The model's linear-attention layers, which keep a state per sequence; None for none."""
+    return model_class(config).spec(config).linear
 
 
 def text_config(config):

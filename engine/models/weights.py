@@ -22,7 +22,10 @@ if TYPE_CHECKING:
 
 PREFUSED = ("qkv_proj", "gate_up_proj")
 FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+         # Qwen3.5's linear-attention input projections, one GEMM (GatedDeltaNet.in_proj)
+         "in_proj_qkv": ("in_proj", 0), "in_proj_z": ("in_proj", 1), "in_proj_b": ("in_proj", 2),
+         "in_proj_a": ("in_proj", 3)}
 
 
 def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]],
@@ -88,7 +91,7 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, object]],
         elif leaf == "choice_bias":  # ERNIE keeps it as [1, experts]
             tensor = src[...].reshape(-1)
         elif leaf == "sinks":  # one per query head: this rank's heads
-            heads = model.layers[0].self_attn.heads
+            heads = model.attention.heads
             tensor = src[heads.q_lo:heads.q_hi]
         else:
             tensor = src[...]  # every dim (a 0-d one too: xIELU's beta and eps)
@@ -124,16 +127,19 @@ def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
 
 
 def _head_rows(model: DecoderForCausalLM, module: str) -> tuple[int, int]:
-    heads = model.layers[0].self_attn.heads
-    d = model.layers[0].self_attn.head_dim
-    if module == "q_proj":
-        return heads.q_lo * d, heads.q_hi * d
+    heads = model.attention.heads
+    d = model.attention.head_dim
+    if module == "q_proj":  # each head's query rows, and its gate's after them where it has one
+        rows = d * (2 if model.attention.gated else 1)
+        return heads.q_lo * rows, heads.q_hi * rows
     return heads.kv_lo * d, heads.kv_hi * d
 
 
-def _rows_range(model: DecoderForCausalLM, owner, module: str) -> tuple[int, int]:
+def _rows_range(model: DecoderForCausalLM, owner, module: str) -> tuple[int, int | None]:
     """Column-parallel: this rank's output rows of a projection (and its bias entries);
     an MLP's by its own intermediate size (a MoE model's dense and shared-expert MLPs differ)."""
+    if module.startswith("in_proj_"):  # a linear-attention layer's: whole (it is never split)
+        return 0, None
     return _head_rows(model, module) if module in ("q_proj", "k_proj", "v_proj") else owner.inter_range
 
 
@@ -145,13 +151,13 @@ def _rotary_order(model: DecoderForCausalLM, piece: str, rows: torch.Tensor) -> 
     as it turns Llama's."""
     if piece not in ("q_proj", "k_proj") or not model.arch.rope_interleaved:
         return rows
-    return rows[rotary_order(model, rows.shape[0] // model.layers[0].self_attn.head_dim)]
+    return rows[rotary_order(model, rows.shape[0] // model.attention.head_dim)]
 
 
 def rotary_order(model: DecoderForCausalLM, heads: int) -> torch.Tensor:
     """The row index of `_rotary_order` over `heads` whole heads (also a GGUF file's q and
     k rows, engine/models/gguf_blocks.py)."""
-    d, rot = model.layers[0].self_attn.head_dim, model.rotary_dims
+    d, rot = model.attention.head_dim, model.rotary_dims
     order = torch.cat([torch.arange(0, rot, 2), torch.arange(1, rot, 2), torch.arange(rot, d)])
     return (torch.arange(heads)[:, None] * d + order).reshape(-1)
 
@@ -161,7 +167,7 @@ def _prefused_pieces(model: DecoderForCausalLM, module: str, owner) -> list[tupl
     MLP's by its own intermediate size: a shared expert's is not the dense MLP's)."""
     config = model.config
     if module == "qkv_proj":
-        d = model.layers[0].self_attn.head_dim
+        d = model.attention.head_dim
         q, kv = config.num_attention_heads * d, (config.num_key_value_heads or config.num_attention_heads) * d
         return [(0, "q_proj"), (q, "k_proj"), (q + kv, "v_proj")]
     return [(0, "gate_proj"), (owner.intermediate, "up_proj")]
@@ -298,7 +304,9 @@ def _vocab_rows(model: DecoderForCausalLM, src, shard: int) -> torch.Tensor:
 
 def _fused_range(owner, target: str, shard: int) -> tuple[int, int]:
     if target == "qkv_proj":
-        sizes = [owner.q_size, owner.kv_size, owner.kv_size]
+        sizes = [owner.q_rows, owner.kv_size, owner.kv_size]
+    elif target == "in_proj":
+        sizes = list(owner.in_sizes)
     else:
         sizes = [owner.inter] * len(owner.pieces)
     return sum(sizes[:shard]), sizes[shard]
@@ -319,6 +327,8 @@ def _check_complete(model: DecoderForCausalLM, params: dict[str, torch.Tensor], 
         leaf = name.split(".")[-2] if "." in name else name
         if leaf == "qkv_proj":
             expected |= {f"{name}#{i}" for i in range(3)}
+        elif leaf == "in_proj":
+            expected |= {f"{name}#{i}" for i in range(4)}
         elif leaf == "gate_up_proj":
             expected |= {f"{name}#{i}" for i in range(len(model.get_submodule(name.rsplit(".", 2)[0]).pieces))}
         elif name.endswith(".experts_gate_up"):

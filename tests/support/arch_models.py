@@ -150,6 +150,22 @@ ARCHS: dict[str, dict] = {
                     rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                      "truncate": False, "original_max_position_embeddings": 64,
                                      "rope_theta": 150000.0}),
+    "qwen3_5_text": dict(layer_types=["linear_attention", "full_attention", "linear_attention"], head_dim=32,
+                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                         linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                          "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+    "qwen3_5_moe_text": dict(layer_types=["linear_attention", "linear_attention", "full_attention"], head_dim=32,
+                             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                             linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+                             moe_intermediate_size=48, shared_expert_intermediate_size=64,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                              "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1]}),
+    "qwen3_next": dict(layer_types=["linear_attention", "full_attention", "linear_attention"], head_dim=32,
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                       linear_value_head_dim=8, linear_conv_kernel_dim=3, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=48, shared_expert_intermediate_size=64, norm_topk_prob=False,
+                       decoder_sparse_step=1, mlp_only_layers=[1], partial_rotary_factor=0.5),
 }
 
 # Attention projections scaled up, so that the scores are far from uniform: gpt-oss's sinks,
@@ -170,6 +186,17 @@ def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **ove
     config = AutoConfig.for_model(model_type, **cfg)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    perturb(model, model_type)
+    model.save_pretrained(path)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, path / name)
+    return path
+
+
+def perturb(model, model_type: str) -> None:
+    """Every norm weight and bias moved off its initial value, and the parts whose slips
+    would otherwise hide scaled up (see SHARP)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
@@ -187,14 +214,11 @@ def build(model_type: str, path: Path, tokenizer_dir: Path, seed: int = 0, **ove
                 p.mul_(6.0)  # experts that move the output: a routing or weighting slip shows
             if model_type in SHARP and ".self_attn." in name and name.endswith("weight"):
                 p.mul_(8.0)  # attention sharp enough that what sets its positions apart shows
+            if ".linear_attn." in name and "_proj" in name:
+                p.mul_(4.0)  # linear-attention layers loud enough that a state carried wrong shows
         for name, b in [*model.named_parameters(), *model.named_buffers()]:
             if name.endswith("e_score_correction_bias"):  # a choice bias large enough to move the choice
                 b.copy_(torch.randn_like(b) * 0.5)
-    model.save_pretrained(path)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy(tokenizer_dir / name, path / name)
-    return path
 
 
 def word_tokenizer(out: Path, vocab_size: int) -> Path:

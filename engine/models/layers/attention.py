@@ -33,6 +33,9 @@ class AttnMetadata:
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
     seq_lens: torch.Tensor  # int32 [num_seqs]
     backend: AttentionBackend = field(default_factory=TorchBackend)
+    # Each sequence's state slot, for layers that keep a state instead of KV
+    # (engine/models/layers/gated_delta.py); None where the model has none.
+    state_slots: torch.Tensor | None = None
 
 
 class Attention(nn.Module):
@@ -46,7 +49,10 @@ class Attention(nn.Module):
         self.head_dim = head_dim(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
+        # q_proj's rows: each head's query, followed by its gate where the outputs are gated
+        self.gated = spec.attn_gate
+        self.q_rows = self.q_size * (2 if self.gated else 1)
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_rows + 2 * self.kv_size, bias=spec.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=spec.o_bias)  # bias on tensor rank 0 only
         self.scale = spec.attn_scale if spec.attn_scale is not None else self.head_dim**-0.5
         self.window = spec.windows[layer]
@@ -60,24 +66,29 @@ class Attention(nn.Module):
         # this rank's heads' sink logits (engine/models/weights.py slices them), where the architecture has them
         self.sinks = nn.Parameter(torch.empty(self.num_heads)) if spec.sinks else None
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [n, H, D], k and v [n, Hkv, D], normed where the architecture norms them, not rotated."""
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """q [n, H, D], k and v [n, Hkv, D], normed where the architecture norms them, not
+        rotated; and the output gate [n, H * D] where the architecture gates (else None)."""
         n = x.shape[0]
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = qkv.split([self.q_rows, self.kv_size, self.kv_size], dim=-1)
+        gate = None
+        if self.gated:
+            q, gate = q.view(n, self.num_heads, 2 * self.head_dim).split(self.head_dim, dim=-1)
+            gate = gate.reshape(n, self.q_size)
         if self.qk_norm == "all":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.reshape(n, self.num_heads, self.head_dim)
         k = k.reshape(n, self.num_kv_heads, self.head_dim)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        return q, k, v.view(n, self.num_kv_heads, self.head_dim)
+        return q, k, v.view(n, self.num_kv_heads, self.head_dim), gate
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttnMetadata,
                 q_scale: torch.Tensor | None = None) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.project(x)
+        q, k, v, gate = self.project(x)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if self.qk_norm == "rotated":  # HunYuan norms each head after turning it
             q, k = self.q_norm(q), self.k_norm(k)
@@ -87,4 +98,7 @@ class Attention(nn.Module):
         meta.backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         sinks = self.sinks.float() if self.sinks is not None else None
         out = meta.backend.attention(q, k_cache, v_cache, meta, self.scale, self.window, self.softcap, sinks)
-        return self.tp.all_reduce(self.o_proj(out.view(n, self.q_size)))
+        out = out.view(n, self.q_size)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.tp.all_reduce(self.o_proj(out))

@@ -15,6 +15,7 @@ from torch import nn
 from engine import parallel
 from engine.models.arch import ArchSpec
 from engine.models.layers.attention import Attention
+from engine.models.layers.gated_delta import GatedDeltaNet
 from engine.models.layers.mlp import MLP
 from engine.models.layers.moe import SparseMoE
 from engine.models.layers.norm import hidden_norm
@@ -68,7 +69,13 @@ class DecoderLayer(nn.Module):
     def __init__(self, config, spec: ArchSpec, layer: int, heads: parallel.Heads, tp: parallel.Group) -> None:
         super().__init__()
         self.spec = spec
-        self.self_attn = Attention(config, spec, layer, heads, tp)
+        # A linear-attention layer (Qwen3.5's, Qwen3-Next's) in place of attention: it reads
+        # the sequence's state where the others read KV.
+        self.is_linear = spec.linear is not None and layer in spec.linear.layers
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(config.hidden_size, spec.linear, config.rms_norm_eps)
+        else:
+            self.self_attn = Attention(config, spec, layer, heads, tp)
         if spec.moe is not None and layer in spec.moe.layers:
             self.mlp: MLP | SparseMoE = SparseMoE(config.hidden_size, spec.moe, spec.act, tp)
         else:
@@ -87,6 +94,8 @@ class DecoderLayer(nn.Module):
         norms = self.spec.norms
 
         def attn(x: torch.Tensor) -> torch.Tensor:
+            if self.is_linear:
+                return self.linear_attn(x, kv_cache, meta)
             return self.self_attn(x, cos, sin, kv_cache, meta, q_scale)
 
         if norms == "pre":
