@@ -70,6 +70,18 @@ class AttentionBackend:
     def __repr__(self) -> str:
         return f"<attention backend {self.name}>"
 
+    def conv(self, state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor,
+             x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """A linear-attention layer's convolution over every sequence's new inputs (reference.conv)."""
+        return reference.conv(state, slots, fresh, starts, x, weight)
+
+    def delta_rule(self, state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor,
+                   q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+                   ) -> torch.Tensor:
+        """A linear-attention layer's gated delta rule over every sequence's new tokens, on
+        their state slots (reference.delta_rule)."""
+        return reference.delta_rule(state, slots, fresh, starts, q, k, v, g, beta)
+
 
 class TorchBackend(AttentionBackend):
     """The pure-torch reference path: every device, no build."""
@@ -120,6 +132,12 @@ class NativeBackend(AttentionBackend):
 
     def fused_kernels(self) -> Any:
         return cpu
+
+    def conv(self, state, slots, fresh, starts, x, weight) -> torch.Tensor:
+        return cpu.conv(state, slots, fresh, starts, x, weight)
+
+    def delta_rule(self, state, slots, fresh, starts, q, k, v, g, beta) -> torch.Tensor:
+        return cpu.delta_rule(state, slots, fresh, starts, q, k, v, g, beta)
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         cpu.store_kv(key, value, k_cache, v_cache, slot_mapping)

@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / "paged_attention.cpp", CSRC / "fused.cpp", CSRC / "quant.cpp", CSRC / "quant_k.cpp",
-           CSRC / "quant_a8.cpp", CSRC / "qgemm.cpp", CSRC / "gemm.cpp", CSRC / "sample.cpp"]
+           CSRC / "quant_a8.cpp", CSRC / "qgemm.cpp", CSRC / "gemm.cpp", CSRC / "sample.cpp",
+           CSRC / "linear_attention.cpp"]
 HEADERS = sorted(CSRC.glob("*.h"))  # every header: a list by hand missed prefill512.h
 _state: dict[str, object] = {}
 _ops: dict[str, object] = {}  # name -> op, once loaded (a decode step makes ~300 calls)
@@ -185,6 +186,14 @@ def _register_fakes() -> None:
     def _(x, offsets, gate_up, down, n):
         return x.new_empty(x.shape[0], n)
 
+    @torch.library.register_fake(lib + "conv")
+    def _(state, slots, fresh, starts, x, weight):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake(lib + "delta_rule")
+    def _(state, slots, fresh, starts, q, k, v, g, beta):
+        return v.new_empty(v.shape)
+
     @torch.library.register_fake(lib + "argmax_rows")
     def _(logits):
         return logits.new_empty(logits.shape[0], dtype=torch.long)
@@ -222,6 +231,20 @@ def paged_attention(
     logit with no value."""
     return op("paged_attention")(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                                  window, softcap, sinks)
+
+
+def conv(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor, x: torch.Tensor,
+         weight: torch.Tensor) -> torch.Tensor:
+    """reference.conv in one pass over the inputs, the state updated in place."""
+    return op("conv")(state, slots, fresh, starts, x.contiguous(), weight.contiguous())
+
+
+def delta_rule(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor,
+               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """reference.delta_rule a token at a time per sequence and head, the state kept in L2:
+    read from its slot once and written once."""
+    return op("delta_rule")(state, slots, fresh, starts, q.contiguous(), k.contiguous(), v.contiguous(),
+                            g.contiguous(), beta.contiguous())
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -156,3 +156,100 @@ def paged_attention_prefill(
         k, v = _blocks_of(k_cache, tables[i], n), _blocks_of(v_cache, tables[i], n)
         out[lo:hi] = _sdpa(query[lo:hi], k, v, scale, n - (hi - lo), window, softcap, sinks)
     return out
+
+
+def delta_rule(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor,
+               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """The gated delta rule (Qwen3.5's linear attention) over every sequence's new tokens,
+    on their state slots in place: for each token in order, S <- exp(g) S;
+    u = beta (v - S^T k); S <- S + k u^T; o = S^T q, in fp32. state [slots, H, dk, dv];
+    slots [b] (distinct); fresh [b] bool: start from zeros; sequence i's tokens are rows
+    starts[i] .. starts[i + 1] of q, k [n, H, dk], v [n, H, dv], g and beta [n, H]. Returns
+    o [n, H, dv]. One-token sequences (decode) go together a token at a time, longer ones
+    in chunks (`chunked`). The native kernel's oracle."""
+    out = v.new_empty(v.shape)
+    bounds = starts.tolist()
+    single = [i for i in range(len(bounds) - 1) if bounds[i + 1] - bounds[i] == 1]
+    if single:
+        rows = torch.tensor([bounds[i] for i in single], device=q.device)
+        out[rows] = _step(state, slots[single], fresh[single], q[rows], k[rows], v[rows], g[rows], beta[rows])
+    for i in range(len(bounds) - 1):
+        lo, hi, slot = bounds[i], bounds[i + 1], int(slots[i])
+        if hi - lo > 1:
+            s = state.new_zeros(state.shape[1:]) if fresh[i] else state[slot]
+            out[lo:hi], state[slot] = chunked(s, q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi])
+    return out
+
+
+def _step(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+          v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """One token for each of a batch of sequences; q, k [b, H, dk], v [b, H, dv], g, beta [b, H]."""
+    b, h = q.shape[:2]
+    dk, dv = state.shape[-2:]
+    s = state[slots].masked_fill(fresh[:, None, None, None], 0)
+    flat = s.view(b * h, dk, dv)  # batched products: no temporary the size of the state
+    s.mul_(g.exp()[..., None, None])
+    predicted = torch.bmm(k.reshape(b * h, 1, dk), flat).view(b, h, dv)
+    flat.baddbmm_(k.reshape(b * h, dk, 1), ((v - predicted) * beta[..., None]).reshape(b * h, 1, dv))
+    state[slots] = s
+    return torch.bmm(q.reshape(b * h, 1, dk), flat).view(b, h, dv)
+
+
+def chunked(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+            beta: torch.Tensor, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's tokens from `state` [H, dk, dv]: q, k [n, H, dk], v [n, H, dv], g
+    and beta [n, H]. Returns (o [n, H, dv], the state after the last token).
+
+    In a chunk with decay sums c_t = g_1 + ... + g_t, the state after token t is
+    exp(c_t) S0 + sum_{s<=t} exp(c_t - c_s) k_s u_s^T, so u solves (I + L) u =
+    beta v - W S0 with L_ts = beta_t exp(c_t - c_s) k_t.k_s below the diagonal and
+    W_t = beta_t exp(c_t) k_t. Everything but S0's part is computed for all chunks at
+    once; only the state is carried from chunk to chunk. Padding tokens (zero k, v, g and
+    beta) change nothing."""
+    n, heads = k.shape[:2]
+    pad = -n % chunk
+
+    def blocks(t: torch.Tensor) -> torch.Tensor:  # [n, H, ...] -> [H, chunks, chunk, ...]
+        t = t.transpose(0, 1)
+        t = F.pad(t, (0, 0, 0, pad) if t.dim() == 3 else (0, pad)) if pad else t
+        return t.reshape(heads, -1, chunk, *t.shape[2:])
+
+    q, k, v, g, beta = blocks(q), blocks(k), blocks(v), blocks(g), blocks(beta)
+    dv = v.shape[-1]
+    c = g.cumsum(-1)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    decay = (c[..., :, None] - c[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    kb = k * beta[..., None]
+    system = (kb @ k.transpose(-1, -2)) * decay  # its diagonal is taken as ones
+    rhs = torch.cat([v * beta[..., None], kb * c.exp()[..., None]], dim=-1)
+    u, w = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).split([dv, k.shape[-1]], -1)
+    attn = (q @ k.transpose(-1, -2)) * decay
+    q = q * c.exp()[..., None]
+    last = c[..., -1:]
+    k = k * (last - c).exp()[..., None]
+    fade = last.exp()[..., None]  # [H, chunks, 1, 1]
+    out = v.new_empty(v.shape)
+    for i in range(q.shape[1]):
+        corrected = u[:, i] - w[:, i] @ state
+        out[:, i] = q[:, i] @ state + attn[:, i] @ corrected
+        state = state * fade[:, i] + k[:, i].transpose(-1, -2) @ corrected
+    return out.reshape(heads, -1, dv)[:, :n].transpose(0, 1), state
+
+
+def conv(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor, x: torch.Tensor,
+         weight: torch.Tensor) -> torch.Tensor:
+    """A linear-attention layer's causal depthwise convolution with SiLU over every
+    sequence's new inputs: state [slots, k - 1, C] holds each sequence's last k - 1 inputs
+    (zeros where `fresh`); sequence i's new ones are rows starts[i] .. starts[i + 1] of
+    x [n, C]; weight [k, C] (the checkpoint's [C, 1, k] transposed). The state then holds
+    each sequence's last k - 1 inputs, in place. Returns [n, C]. The native kernel's oracle."""
+    out = torch.empty_like(x)
+    bounds = starts.tolist()
+    taps = weight.t()[:, None, :]
+    for i in range(len(bounds) - 1):
+        lo, hi, slot = bounds[i], bounds[i + 1], int(slots[i])
+        prev = state.new_zeros(state.shape[1:]) if fresh[i] else state[slot]
+        window = torch.cat([prev, x[lo:hi].to(state.dtype)])
+        state[slot] = window[window.shape[0] - prev.shape[0]:]
+        out[lo:hi] = F.silu(F.conv1d(window.t()[None].to(weight.dtype), taps, groups=weight.shape[1]))[0].t()
+    return out

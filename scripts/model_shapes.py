@@ -22,7 +22,19 @@ SHAPES: dict[str, dict] = {
                            num_attention_heads=16, num_key_value_heads=4, head_dim=128, vocab_size=151936,
                            tie_word_embeddings=False, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=512,
                            norm_topk_prob=True),
+    # Qwen3.5-0.8B's text model as published (24 layers, hidden 1024, 8 query and 2 KV heads
+    # of 256, a quarter of each turned; three Gated DeltaNet layers of 16 heads of 128 to
+    # every attention layer; 248,320 tokens, tied).
+    "qwen3.5-0.8b": dict(model_type="qwen3_5_text", hidden_size=1024, intermediate_size=3584, num_hidden_layers=24,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=256, vocab_size=248320,
+                         tie_word_embeddings=True, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                         linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+                         linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                          "partial_rotary_factor": 0.25}),
 }
+
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM"}
 
 
 def write(shape: str, out: Path) -> Path:
@@ -31,9 +43,14 @@ def write(shape: str, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     sizes = dict(SHAPES[shape])
     model_type = sizes.pop("model_type", "qwen3")
-    config = AutoConfig.for_model(model_type, **sizes, max_position_embeddings=40960, rope_theta=1000000.0,
-                                  rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
-    config.architectures = [{"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[model_type]]
+    if "layer_types" in sizes:  # a pattern, repeated over the layers
+        pattern = sizes["layer_types"]
+        sizes["layer_types"] = [pattern[i % len(pattern)] for i in range(sizes["num_hidden_layers"])]
+    if "rope_parameters" not in sizes:
+        sizes["rope_theta"] = 1000000.0
+    config = AutoConfig.for_model(model_type, **sizes, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                                  bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+    config.architectures = [ARCHITECTURES[model_type]]
     config.save_pretrained(out)
     save_tokenizer(out, sizes["vocab_size"])
     (out / "shape.json").write_text(json.dumps({"shape": shape, **SHAPES[shape]}))

@@ -105,8 +105,9 @@ class LinearAttnSpec:
         return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
 
     def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Per sequence: the convolution's (channels, k - 1), the delta rule's (heads, dk, dv)."""
-        return (self.conv_channels, self.conv_kernel - 1), (self.value_heads, self.key_dim, self.value_dim)
+        """Per sequence: the convolution's last inputs (k - 1, channels), the delta rule's
+        state (heads, dk, dv)."""
+        return (self.conv_kernel - 1, self.conv_channels), (self.value_heads, self.key_dim, self.value_dim)
 
     def state_bytes(self, dtype: torch.dtype) -> int:
         """One sequence's state over all the linear layers: the convolution's in the model's

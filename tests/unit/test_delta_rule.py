@@ -1,83 +1,146 @@
-"""The gated delta rule's two forms against its definition, token by token: the chunked
-prompt form over several chunks and a partial one, from a state a previous chunk left,
-and the batched decode step; and the causal convolution carried across windows."""
+"""The kernels of Qwen3.5's linear-attention layers against their definitions: the gated
+delta rule (the torch reference, token by token and in chunks over several chunks and a
+padded one, from carried states; the native kernel against the reference on a mixed batch
+of decode and prompt sequences on their slots), the causal convolution carried across
+steps (and the native kernel against its reference), and the layer's q/k normalisation."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.layers import delta_rule
+from engine.models.arch import LinearAttnSpec
+from engine.models.layers.gated_delta import GatedDeltaNet
+from kernels import cpu, reference
 
 
 def _definition(state, q, k, v, g, beta):
     """S <- exp(g) S; u = beta (v - S^T k); S <- S + k u^T; o = S^T q, one token at a time
-    ([H, n, d] inputs, [H, dk, dv] state)."""
+    ([n, H, d] inputs, [H, dk, dv] state)."""
     state = state.clone()
     out = []
-    for t in range(q.shape[1]):
-        state = state * g[:, t].exp()[:, None, None]
-        u = beta[:, t, None] * (v[:, t] - torch.einsum("hkv,hk->hv", state, k[:, t]))
-        state = state + torch.einsum("hk,hv->hkv", k[:, t], u)
-        out.append(torch.einsum("hkv,hk->hv", state, q[:, t]))
-    return torch.stack(out, dim=1), state
+    for t in range(q.shape[0]):
+        state = state * g[t].exp()[:, None, None]
+        u = beta[t, :, None] * (v[t] - torch.einsum("hkv,hk->hv", state, k[t]))
+        state = state + torch.einsum("hk,hv->hkv", k[t], u)
+        out.append(torch.einsum("hkv,hk->hv", state, q[t]))
+    return torch.stack(out), state
 
 
-def _inputs(n: int, heads: int = 3, dk: int = 8, dv: int = 5, seed: int = 0):
+def _inputs(n: int, heads: int = 3, dk: int = 8, dv: int = 5, seed: int = 0, dtype=torch.float64):
     gen = torch.Generator().manual_seed(seed)
-    q = F.normalize(torch.randn(heads, n, dk, generator=gen, dtype=torch.float64), dim=-1)
-    k = F.normalize(torch.randn(heads, n, dk, generator=gen, dtype=torch.float64), dim=-1)
-    v = torch.randn(heads, n, dv, generator=gen, dtype=torch.float64)
-    g = -torch.rand(heads, n, generator=gen, dtype=torch.float64) * 2  # decays in (exp(-2), 1]
-    beta = torch.rand(heads, n, generator=gen, dtype=torch.float64)
-    state = torch.randn(heads, dk, dv, generator=gen, dtype=torch.float64)
+    q = F.normalize(torch.randn(n, heads, dk, generator=gen, dtype=dtype), dim=-1) * dk ** -0.5
+    k = F.normalize(torch.randn(n, heads, dk, generator=gen, dtype=dtype), dim=-1)
+    v = torch.randn(n, heads, dv, generator=gen, dtype=dtype)
+    g = -torch.rand(n, heads, generator=gen, dtype=dtype) * 2  # decays in (exp(-2), 1]
+    beta = torch.rand(n, heads, generator=gen, dtype=dtype)
+    state = torch.randn(heads, dk, dv, generator=gen, dtype=dtype)
     return state, q, k, v, g, beta
 
 
 def test_chunked_equals_the_definition_across_chunks_and_from_a_carried_state():
     state, q, k, v, g, beta = _inputs(19)
     want_out, want_state = _definition(state, q, k, v, g, beta)
-    for chunk in (4, 7, 64):  # several whole chunks and a partial one; one chunk for all
-        out, last = delta_rule.chunked(state, q, k, v, g, beta, chunk=chunk)
+    for chunk in (4, 7, 19, 64):  # whole chunks and a padded one; exactly one; one padded
+        out, last = reference.chunked(state, q, k, v, g, beta, chunk=chunk)
         torch.testing.assert_close(out, want_out)
         torch.testing.assert_close(last, want_state)
     # two calls, the second from the state the first left: a prompt taken in two steps
-    out1, mid = delta_rule.chunked(state, q[:, :11], k[:, :11], v[:, :11], g[:, :11], beta[:, :11], chunk=4)
-    out2, last = delta_rule.chunked(mid, q[:, 11:], k[:, 11:], v[:, 11:], g[:, 11:], beta[:, 11:], chunk=4)
-    torch.testing.assert_close(torch.cat([out1, out2], dim=1), want_out)
+    out1, mid = reference.chunked(state, q[:11], k[:11], v[:11], g[:11], beta[:11], chunk=4)
+    out2, last = reference.chunked(mid, q[11:], k[11:], v[11:], g[11:], beta[11:], chunk=4)
+    torch.testing.assert_close(torch.cat([out1, out2]), want_out)
     torch.testing.assert_close(last, want_state)
 
 
-def test_the_decode_step_updates_each_sequence_in_place():
-    seqs = [_inputs(1, seed=s) for s in range(4)]
-    state = torch.stack([s[0] for s in seqs])
-    q, k, v, g, beta = (torch.stack([s[i][:, 0] for s in seqs]) for i in range(1, 6))
-    out = delta_rule.step(state, q, k, v, g, beta)
+def _batch(lengths: list[int], fresh: list[bool], slots: list[int], num_slots: int, heads: int, dk: int, dv: int,
+           dtype=torch.float64):
+    """Sequences of these lengths, flat as a step has them, their states in `slots`."""
+    seqs = [_inputs(n, heads, dk, dv, seed=i, dtype=dtype) for i, n in enumerate(lengths)]
+    state = torch.randn(num_slots, heads, dk, dv, dtype=dtype, generator=torch.Generator().manual_seed(9))
+    for slot, s in zip(slots, seqs):
+        state[slot] = s[0]
+    flat = [torch.cat([s[j] for s in seqs]) for j in range(1, 6)]
+    starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    return seqs, state, torch.tensor(slots), torch.tensor(fresh), starts, flat
+
+
+def test_the_reference_runs_decode_and_prompt_sequences_on_their_slots():
+    """Two decode tokens (one of them fresh), a prompt chunk from a carried state, a fresh
+    prompt: each sequence's definition, on its own slot; the slots between untouched."""
+    lengths, fresh, slots = [1, 1, 9, 70], [False, True, False, True], [3, 0, 5, 1]
+    seqs, state, slot_t, fresh_t, starts, (q, k, v, g, beta) = _batch(lengths, fresh, slots, 7, 3, 8, 5)
+    untouched = state[[2, 4, 6]].clone()
+    out = reference.delta_rule(state, slot_t, fresh_t, starts, q, k, v, g, beta)
     for i, (s0, *rest) in enumerate(seqs):
-        want_out, want_state = _definition(s0, *rest)
-        torch.testing.assert_close(out[i], want_out[:, 0])
-        torch.testing.assert_close(state[i], want_state)
+        want_out, want_state = _definition(torch.zeros_like(s0) if fresh[i] else s0, *rest)
+        torch.testing.assert_close(out[starts[i]:starts[i + 1]], want_out)
+        torch.testing.assert_close(state[slots[i]], want_state)
+    torch.testing.assert_close(state[[2, 4, 6]], untouched)
 
 
-def test_prepare_norms_scales_and_shares_key_heads_among_value_heads():
-    gen = torch.Generator().manual_seed(1)
-    q, k = torch.randn(5, 2, 16, generator=gen), torch.randn(5, 2, 16, generator=gen)
-    v = torch.randn(5, 4, 8, generator=gen)
-    pq, pk, pv = delta_rule.prepare(q, k, v, heads=4)
-    assert pq.shape == pk.shape == (5, 4, 16) and pv.dtype == torch.float32
-    torch.testing.assert_close(pk.norm(dim=-1), torch.ones(5, 4), atol=1e-5, rtol=0)
-    torch.testing.assert_close(pq.norm(dim=-1), torch.full((5, 4), 16 ** -0.5), atol=1e-5, rtol=0)
-    torch.testing.assert_close(pk[:, 0], pk[:, 1])  # key head 0 serves value heads 0 and 1
-    torch.testing.assert_close(pk[:, 2], F.normalize(k[:, 1], dim=-1, eps=0), atol=1e-5, rtol=0)
+@pytest.mark.parametrize("heads,dk,dv", [(4, 128, 128), (3, 20, 37)])  # Qwen3.5's heads; a vector loop's tail
+def test_the_native_delta_rule_equals_the_reference_on_a_mixed_batch(heads, dk, dv):
+    if not cpu.available():
+        pytest.skip("no compiler: the torch reference runs instead")  # the suite's machines build it
+    lengths, fresh, slots = [1, 1, 1, 40, 3], [False, True, False, False, True], [4, 0, 2, 5, 6]
+    _, state, slot_t, fresh_t, starts, flat = _batch(lengths, fresh, slots, 7, heads, dk, dv, dtype=torch.float32)
+    want_state = state.clone()
+    want = reference.delta_rule(want_state, slot_t, fresh_t, starts, *flat)
+    got = cpu.delta_rule(state, slot_t, fresh_t, starts, *flat)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state, want_state, rtol=1e-4, atol=1e-4)
 
 
-def test_the_convolution_carried_across_windows_equals_it_over_the_whole_sequence():
+def test_the_layer_norms_and_scales_q_and_k_and_shares_key_heads_among_value_heads():
+    layer = GatedDeltaNet(8, LinearAttnSpec(frozenset([0]), 2, 4, 16, 8, 4), 1e-6)
+    conv = torch.randn(5, 2 * 2 * 16 + 4 * 8, generator=torch.Generator().manual_seed(1))
+    q, k, v = layer._qkv(conv)
+    assert q.shape == k.shape == (5, 4, 16) and v.shape == (5, 4, 8) and v.dtype == torch.float32
+    torch.testing.assert_close(k.norm(dim=-1), torch.ones(5, 4), atol=1e-5, rtol=0)
+    torch.testing.assert_close(q.norm(dim=-1), torch.full((5, 4), 16 ** -0.5), atol=1e-5, rtol=0)
+    torch.testing.assert_close(k[:, 0], k[:, 1])  # key head 0 serves value heads 0 and 1
+    torch.testing.assert_close(k[:, 2], F.normalize(conv[:, 48:64], dim=-1), atol=1e-5, rtol=0)
+
+
+def test_the_convolution_carried_across_steps_equals_it_over_the_whole_sequence():
+    """A prompt chunk, one decode token, two tokens (fewer than the taps), then the rest,
+    each from the state the last left on the sequence's slot: the outputs over the whole
+    sequence. A fresh sequence beside it starts from zeros, whatever its slot held."""
     gen = torch.Generator().manual_seed(2)
-    x, weight = torch.randn(6, 13, generator=gen), torch.randn(6, 4, generator=gen)
-    whole = F.silu(F.conv1d(x[None], weight[:, None], padding=3, groups=6)[..., :13])[0]
-    state, parts = torch.zeros(6, 3), []
-    for lo, hi in ((0, 5), (5, 6), (6, 13)):  # a chunk, one decode token, the rest
-        window = torch.cat([state, x[:, lo:hi]], dim=-1)
-        parts.append(delta_rule.conv_window(window[None], weight)[0])
-        state = window[:, -3:]
-    torch.testing.assert_close(torch.cat(parts, dim=-1), whole)
+    x, weight = torch.randn(13, 6, generator=gen), torch.randn(4, 6, generator=gen)  # [n, C], [k, C]
+    whole = F.silu(F.conv1d(x.t()[None], weight.t()[:, None], padding=3, groups=6)[..., :13])[0].t()
+    state = torch.randn(3, 3, 6, generator=gen)  # [slot, last 3 inputs, channel]
+    other = torch.randn(4, 6, generator=gen)
+    got, fresh = [], torch.tensor([True, True])
+    for lo, hi in ((0, 5), (5, 6), (6, 8), (8, 13)):
+        rows = torch.cat([x[lo:hi], other])
+        out = reference.conv(state, torch.tensor([1, 2]), fresh, torch.tensor([0, hi - lo, hi - lo + 4]), rows, weight)
+        got.append(out[:hi - lo])
+        if lo == 0:
+            alone = F.silu(F.conv1d(other.t()[None], weight.t()[:, None], padding=3, groups=6)[..., :4])[0].t()
+            torch.testing.assert_close(out[hi - lo:], alone)
+        fresh = torch.tensor([False, False])
+    torch.testing.assert_close(torch.cat(got), whole)
+    torch.testing.assert_close(state[1], x[10:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_native_convolution_equals_the_reference(dtype):
+    """kernels/csrc/linear_attention.cpp's conv on decode tokens and prompts (one shorter
+    than the taps), fresh or carried: the outputs (rounded as a conv1d in the dtype rounds
+    them, then SiLU) and the states."""
+    if not cpu.available():
+        pytest.skip("no compiler: the torch reference runs instead")
+    gen = torch.Generator().manual_seed(4)
+    channels = 1037  # two spans of 512 channels and a tail
+    state = torch.randn(6, 3, channels, generator=gen).to(dtype)
+    slots, fresh = torch.tensor([4, 1, 2, 5, 0]), torch.tensor([False, True, False, True, False])
+    starts = torch.tensor([0, 1, 2, 3, 20, 22])
+    x, weight = torch.randn(22, channels, generator=gen).to(dtype), torch.randn(4, channels, generator=gen).to(dtype)
+    want_state = state.clone()
+    want = reference.conv(want_state, slots, fresh, starts, x, weight)
+    got = cpu.conv(state, slots, fresh, starts, x, weight)
+    torch.testing.assert_close(state, want_state, rtol=0, atol=0)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # a bf16 unit where two roundings meet
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)

@@ -1,9 +1,10 @@
-"""Qwen3.5's and Qwen3-Next's linear-attention layer (Gated DeltaNet) over per-sequence
-state slots instead of a KV cache.
+"""Qwen3.5's and Qwen3-Next's linear-attention layer (Gated DeltaNet; Yang, Kautz and
+Hatamizadeh, ICLR 2025) over per-sequence state slots instead of a KV cache.
 
 A sequence's whole past lives in two tensors per layer, whatever its length: the last
-k - 1 inputs of the causal convolution, and the delta rule's fp32 state per value head
-(engine/models/layers/delta_rule.py). The engine gives each running sequence a slot
+k - 1 inputs of the causal convolution, and the gated delta rule's fp32 state per value
+head, a dk x dv matrix that each token decays, corrects towards its value and reads
+(kernels/reference.py's delta_rule says how; the native kernel does it in one pass). The engine gives each running sequence a slot
 (engine/state_slots.py); a sequence whose first new token is at position 0 starts from
 zeros, so a preempted one recomputed from its prompt needs nothing reset.
 """
@@ -15,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.arch import LinearAttnSpec
-from engine.models.layers import delta_rule
 from engine.models.layers.attention import AttnMetadata
 
 
@@ -40,6 +40,7 @@ class GatedDeltaNet(nn.Module):
         self.in_sizes = (spec.conv_channels, self.value_size, spec.value_heads, spec.value_heads)
         self.in_proj = nn.Linear(hidden, sum(self.in_sizes), bias=False)
         self.conv1d = _Conv(spec.conv_channels, spec.conv_kernel)
+        self._taps: torch.Tensor | None = None  # conv1d's weight as [k, C], taken once loaded
         self.dt_bias = nn.Parameter(torch.empty(spec.value_heads), requires_grad=False)
         self.A_log = nn.Parameter(torch.empty(spec.value_heads), requires_grad=False)
         self.norm = _GatedNorm(spec.value_dim, eps)
@@ -50,40 +51,31 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self.in_proj(x).split(self.in_sizes, dim=-1)
         beta = b.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        slots = meta.state_slots
-        qsl = meta.query_start_loc.tolist()
-        fresh = (meta.seq_lens - (meta.query_start_loc[1:] - meta.query_start_loc[:-1])) == 0
-        conv_state, delta_state = state
+        slots, qsl = meta.state_slots, meta.query_start_loc
+        fresh = (meta.seq_lens - (qsl[1:] - qsl[:-1])) == 0  # first new token at position 0
+        conv_state, delta_state = state  # [slots, k - 1, C] and [slots, H, dk, dv]
         weight = self.conv1d.weight[:, 0, :]
-        out = x.new_empty(n, spec.value_heads, spec.value_dim)
-        nd = meta.num_decode_tokens
-        if nd:  # one token each: all at once
-            window = torch.cat([conv_state[slots[:nd]].masked_fill(fresh[:nd, None, None], 0),
-                                mixed[:nd, :, None].to(conv_state.dtype)], dim=-1)
-            conv_state[slots[:nd]] = window[..., 1:]
-            q, k, v = self._qkv(delta_rule.conv_window(window.to(weight.dtype), weight)[..., 0].to(x.dtype))
-            s = delta_state[slots[:nd]].masked_fill(fresh[:nd, None, None, None], 0)
-            out[:nd] = delta_rule.step(s, q, k, v, g[:nd], beta[:nd].float()).to(x.dtype)
-            delta_state[slots[:nd]] = s
-        for i in range(nd, len(qsl) - 1):  # prompts (chunks of them): one sequence at a time
-            lo, hi, slot = qsl[i], qsl[i + 1], int(slots[i])
-            prev = conv_state[slot] if not fresh[i] else conv_state.new_zeros(conv_state.shape[1:])
-            window = torch.cat([prev, mixed[lo:hi].t().to(conv_state.dtype)], dim=-1)
-            conv_state[slot] = window[:, -prev.shape[-1]:]
-            conv = delta_rule.conv_window(window[None].to(weight.dtype), weight)[0].t().to(x.dtype)
-            q, k, v = self._qkv(conv)
-            s = delta_state[slot] if not fresh[i] else delta_state.new_zeros(delta_state.shape[1:])
-            o, delta_state[slot] = delta_rule.chunked(s, q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                                      g[lo:hi].t(), beta[lo:hi].t().float())
-            out[lo:hi] = o.transpose(0, 1).to(x.dtype)
-        core = self.norm(out.view(-1, spec.value_dim), z.reshape(-1, spec.value_dim))
+        if self._taps is None or self._taps.dtype != weight.dtype:
+            self._taps = weight.t().contiguous()  # [k, C]: the kernel reads each tap's channels in a row
+        starts = qsl.long()
+        conv = meta.backend.conv(conv_state, slots, fresh, starts, mixed, self._taps)
+        q, k, v = self._qkv(conv)
+        out = meta.backend.delta_rule(delta_state, slots, fresh, starts, q, k, v, g, beta.float())
+        core = self.norm(out.to(x.dtype).view(-1, spec.value_dim), z.reshape(-1, spec.value_dim))
         return self.out_proj(core.view(n, self.value_size))
 
     def _qkv(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q and k L2-normed, q scaled by the key dim's root, all fp32, each key head
+        repeated for the value heads that share it: [n, heads, dim] each."""
         spec, n = self.spec, conv.shape[0]
-        q, k, v = conv.split([self.key_size, self.key_size, self.value_size], dim=-1)
-        return delta_rule.prepare(q.reshape(n, spec.key_heads, spec.key_dim), k.reshape(n, spec.key_heads, spec.key_dim),
-                                  v.reshape(n, spec.value_heads, spec.value_dim), spec.value_heads)
+        q, k, v = conv.float().split([self.key_size, self.key_size, self.value_size], dim=-1)
+        q, k = q.reshape(n, spec.key_heads, spec.key_dim), k.reshape(n, spec.key_heads, spec.key_dim)
+        if spec.key_heads != spec.value_heads:
+            q = q.repeat_interleave(spec.value_heads // spec.key_heads, dim=1)
+            k = k.repeat_interleave(spec.value_heads // spec.key_heads, dim=1)
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        return (q * spec.key_dim ** -0.5).contiguous(), k.contiguous(), v.reshape(n, spec.value_heads, spec.value_dim)
 
 
 class _GatedNorm(nn.Module):
