@@ -249,9 +249,14 @@ class ResolvedConfig:
     max_positions: int  # rotary table length
     num_blocks: int
     kv_groups: KVGroups  # which layers share a block table (engine/kv_groups.py)
-    # Linear-attention models: the state slots (one per sequence that may run), whose
-    # bytes come out of the cache's budget before the blocks; 0 for every other model.
+    # Linear-attention models: the state slots, one per sequence that may run (so also the
+    # running cap: `max_num_seqs`), whose bytes come out of the cache's budget before the
+    # blocks; 0 for every other model.
     state_slots: int = 0
+
+    def max_num_seqs(self, config: EngineConfig) -> int:
+        """The sequences the engine runs at once: max_num_seqs, or as many as have state slots."""
+        return self.state_slots or config.max_num_seqs
 
     @classmethod
     def resolve(cls, config: EngineConfig, hf_config: Any, placement: Placement, attention_backend: AttentionBackend,
@@ -266,15 +271,16 @@ class ResolvedConfig:
         from engine.models.decoder import kv_block_bytes
 
         device, dtype, positions = placement.device, placement.dtype, placement.max_positions
+        budget = _budget(config, device, pending_bytes)
         linear = registry.linear_attention(hf_config)
-        state_slots = config.max_num_seqs if linear is not None else 0
+        state_slots = _state_slots(config, linear.state_bytes(dtype), budget) if linear is not None else 0
         state_bytes = linear.state_bytes(dtype) * state_slots if linear is not None else 0
         groups = kv_groups(config, hf_config)
         # Under parallelism every rank holds the same number of blocks, of its heads and layers.
         block_bytes = kv_block_bytes(hf_config, config.block_size, dtype, config.tensor_parallel_size,
                                      config.pipeline_parallel_size,
                                      groups.layers_per_block if groups.num_groups > 1 else None) + extra_block_bytes
-        num_blocks = _num_blocks(config, device, block_bytes, pending_bytes, state_bytes)
+        num_blocks = _num_blocks(config, budget, block_bytes, state_slots, state_bytes)
         capacity = num_blocks * config.block_size
         # A windowed group holds at most its window, the step's new tokens and a partial block
         # at each end (engine/kv_cache_manager.py); a full one the whole sequence.
@@ -298,6 +304,9 @@ def _check_linear_attention(config: EngineConfig, hf_config: Any) -> None:
     cache is off for it (cached blocks cannot restore a state); that is said, not refused,
     as the option is on by default."""
     name = hf_config.model_type
+    if config.quantization is not None:
+        raise ParamError("quantization", f"{name} is not served quantized yet: its linear-attention layers "
+                         "read their weights dense (a GGUF's dequantized)")
     if config.speculative_config is not None:
         raise ParamError("speculative_config", f"{name} is not served with speculative decoding: its "
                          "linear-attention layers' state cannot take back rejected tokens")
@@ -356,18 +365,38 @@ def measures_memory(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _num_blocks(config: EngineConfig, device: torch.device, block_bytes: int, pending_bytes: int,
+def _budget(config: EngineConfig, device: torch.device, pending_bytes: int) -> int:
+    """The cache's bytes: kv_cache_memory_bytes, else a share of the accelerator's free
+    memory, else the CPU default."""
+    if config.kv_cache_memory_bytes is not None:
+        return config.kv_cache_memory_bytes
+    if measures_memory(device):
+        return int(max(0, free_device_memory(device) - pending_bytes) * config.gpu_memory_utilization)
+    return CPU_KV_DEFAULT_BYTES
+
+
+def _state_slots(config: EngineConfig, per_sequence: int, budget: int) -> int:
+    """How many sequences a linear-attention model runs at once: one state slot each, for
+    max_num_seqs. Where max_num_seqs is the default, no more than half the budget holds
+    (a Qwen3.5-4B's 64 sequences would take 3.3 GB of the CPU's 2 GiB default), and the
+    engine runs that many, saying so; one the user set is kept, and refused by
+    `_num_blocks` if the budget cannot hold it."""
+    slots = config.max_num_seqs
+    if "max_num_seqs" in config.model_fields_set or slots * per_sequence <= budget // 2:
+        return slots
+    fit = max(1, budget // 2 // per_sequence)
+    logger.info("max_num_seqs is %d here: each sequence's linear-attention state takes %d bytes, and the states "
+                "get half of the %d-byte cache budget (set max_num_seqs or kv_cache_memory_bytes to choose)",
+                fit, per_sequence, budget)
+    return fit
+
+
+def _num_blocks(config: EngineConfig, budget: int, block_bytes: int, state_slots: int = 0,
                 state_bytes: int = 0) -> int:
-    budget = config.kv_cache_memory_bytes
-    if budget is None:
-        if measures_memory(device):
-            budget = int(max(0, free_device_memory(device) - pending_bytes) * config.gpu_memory_utilization)
-        else:
-            budget = CPU_KV_DEFAULT_BYTES
     if state_bytes and budget - state_bytes < block_bytes:
         raise ParamError("kv_cache_memory_bytes",
                          f"the cache budget ({budget} bytes) does not hold the linear-attention states of "
-                         f"max_num_seqs ({config.max_num_seqs}) sequences ({state_bytes} bytes) and a KV block "
+                         f"max_num_seqs ({state_slots}) sequences ({state_bytes} bytes) and a KV block "
                          f"({block_bytes} bytes); raise the budget or lower max_num_seqs")
     budget -= state_bytes
     num_blocks = budget // block_bytes

@@ -72,7 +72,8 @@ class LLMEngine:
         self.max_model_len = resolved.max_model_len
         self.kv_manager = KVCacheManager(resolved.num_blocks, config.block_size, config.enable_prefix_caching,
                                          resolved.kv_groups.windows, resolved.state_slots)
-        self.scheduler = Scheduler(self.kv_manager, config.max_num_seqs, config.max_num_batched_tokens,
+        self.max_num_seqs = resolved.max_num_seqs(config)
+        self.scheduler = Scheduler(self.kv_manager, self.max_num_seqs, config.max_num_batched_tokens,
                                    config.scheduling_policy, sc.num_speculative_tokens if sc else 0,
                                    sc.disable_by_batch_size if sc else None, sc.max_batch_rows if sc else None)
         self._inflight: deque[tuple[Batch, StepInput]] = deque()  # submitted, logits not yet taken
@@ -143,7 +144,7 @@ class LLMEngine:
             raise ParamError("use_beam_search", "beam search cannot run on an engine with speculative_config")
         token_ids = self.tokenize(prompt)
         admitted = intake.admit(token_ids, params, vocab_size=self.hf_config.vocab_size,
-                                max_model_len=self.max_model_len, max_num_seqs=self.config.max_num_seqs,
+                                max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
                                 tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids, device=self.device,
                                 pooling=pooling_params is not None)
 

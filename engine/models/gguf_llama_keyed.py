@@ -325,16 +325,42 @@ def _mistral3(config: Any, get, tensors: dict[str, Any]) -> Any:
                             architectures=["Ministral3ForCausalLM"])
 
 
+def _qwen35(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """Qwen3.5 (llama.cpp's `qwen35`): its linear-attention layers where the file holds their
+    `ssm_a` (the converter's recurrent-layer flags and attention interval say the same),
+    their sizes from the `ssm.*` keys (llama.cpp's Mamba names: key heads as groups, value
+    heads as the time-step rank, the key dim as the state size); its MTP layers left out.
+    Its rotary width is read by `partial_rotary`; the M-RoPE sections turn text as the
+    plain rotary does."""
+    from transformers import Qwen3_5TextConfig
+
+    fields = llama_fields(config)
+    layers = fields["num_hidden_layers"] = main_layers(get, fields["num_hidden_layers"])
+    value_heads = _need(get, "ssm.time_step_rank")
+    types = ["linear_attention" if f"blk.{i}.ssm_a" in tensors else "full_attention" for i in range(layers)]
+    return Qwen3_5TextConfig(**fields, layer_types=types, linear_num_key_heads=_need(get, "ssm.group_count"),
+                             linear_num_value_heads=value_heads, linear_key_head_dim=_need(get, "ssm.state_size"),
+                             linear_value_head_dim=_need(get, "ssm.inner_size") // value_heads,
+                             linear_conv_kernel_dim=_need(get, "ssm.conv_kernel"),
+                             architectures=["Qwen3_5ForCausalLM"])
+
+
 # Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
 BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": _gemma, "nemotron": _nemotron,
             "olmoe": _olmoe, "stablelm": _stablelm, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
             "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere, "starcoder2": _starcoder2, "apertus": _apertus,
             "hunyuan-dense": _hunyuan, "ernie4_5-moe": _ernie4_5_moe, "glm4moe": _glm4_moe, "dots1": _dots1,
-            "mistral3": _mistral3, "granitemoe": _granitemoe}
+            "mistral3": _mistral3, "granitemoe": _granitemoe, "qwen35": _qwen35}
 # Those whose tensors are Llama's too (q and k interleaved as Llama's), which transformers'
 # reader converts; every other one's are the checkpoint's, only renamed
 # (engine/models/gguf_tensors.py convert_named).
 LLAMA_TENSORS = ("smollm3", "granite", "arcee", "mistral3", "granitemoe")
+
+
+# Architectures whose GEMM weights are not read from the file's blocks: the conversion holds
+# them all, dequantized (Qwen3.5's linear layers read llama.cpp's V-head order, tiled for
+# ggml, back into the checkpoint's, and out_proj's columns with them, which blocks cannot).
+CONVERTED_WHOLE = ("qwen35",)
 
 
 def tensor_config(arch: str, config: Any) -> Any:

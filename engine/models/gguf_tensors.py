@@ -97,7 +97,9 @@ def convert_named(path: Path, arch: str, config: Any, keep: Callable[[str], bool
         if merged is not None:  # a layer's experts, merged as Qwen's and Mixtral's (OLMoE)
             experts[int(merged[1]), merged[2]] = data
             continue
-        if theirs[t.name].endswith("norm.weight") and config.model_type in NORM_ADDED:
+        if config.model_type in LINEAR_ATTENTION:
+            data = _linear_attention(config, theirs[t.name], data)
+        elif theirs[t.name].endswith("norm.weight") and config.model_type in NORM_ADDED:
             data -= NORM_ADDED[config.model_type]
         out[theirs[t.name]] = data
     for i in sorted({i for i, _ in experts}):
@@ -105,10 +107,49 @@ def convert_named(path: Path, arch: str, config: Any, keep: Callable[[str], bool
     return out
 
 
+# The model types with Qwen3.5's linear-attention layers, whose tensors the converter
+# transforms beyond renaming (`_linear_attention` undoes it).
+LINEAR_ATTENTION = ("qwen3_5_text",)
+
+
+def _linear_attention(config: Any, name: str, data: torch.Tensor) -> torch.Tensor:
+    """A Qwen3.5 tensor as its checkpoint holds it, from what llama.cpp's converter wrote:
+    the norms less the 1 it added (all but the linear layers' gated norm, whose weight is
+    plain), A_log from the -exp(A_log) it stored, the convolution's kernel with its channel
+    dim back, and the value heads back in the checkpoint's order, grouped by the key head
+    they share, where the converter tiled them (value head j after key head j mod the key
+    head count) for ggml's broadcast."""
+    if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        data = data - 1.0
+    if ".linear_attn." not in name:
+        return data
+    if name.endswith(".A_log"):
+        data = torch.log(-data)
+    heads, value_heads = config.linear_num_key_heads, config.linear_num_value_heads
+    if heads != value_heads:
+        per, qk = value_heads // heads, 2 * heads * config.linear_key_head_dim
+        dv = config.linear_value_head_dim
+
+        def grouped(t: torch.Tensor, dim: int, d: int) -> torch.Tensor:  # tiled [per, heads, d] -> [heads, per, d]
+            shape = list(t.shape)
+            return t.reshape(*shape[:dim], per, heads, d, *shape[dim + 1:]).transpose(dim, dim + 1).reshape(shape)
+
+        if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):  # q and k rows as they were; v's grouped
+            data = torch.cat([data[:qk], grouped(data[qk:], 0, dv)])
+        elif name.endswith("in_proj_z.weight"):
+            data = grouped(data, 0, dv)
+        elif name.endswith(("in_proj_a.weight", "in_proj_b.weight", ".A_log", ".dt_bias")):
+            data = grouped(data, 0, 1)
+        elif name.endswith("out_proj.weight"):
+            data = grouped(data, 1, dv)
+    return data.unsqueeze(1) if name.endswith("conv1d.weight") else data
+
+
 # transformers' module tree against the checkpoint names llama.cpp's converter read: ERNIE 4.5
 # MoE's correction bias sits beside its router in a checkpoint, and every DeepSeek-style
 # `e_score_correction_bias` goes to the converter's name map as `e_score_correction.bias`.
-CONVERTED_AS = ((".mlp.gate.moe_statics.", ".mlp.moe_statics."), ("e_score_correction_bias", "e_score_correction.bias"))
+CONVERTED_AS = ((".mlp.gate.moe_statics.", ".mlp.moe_statics."), ("e_score_correction_bias", "e_score_correction.bias"),
+                (".linear_attn.dt_bias", ".linear_attn.dt_proj.bias"))
 
 
 def _as_converted(hf_name: str) -> str:

@@ -77,6 +77,7 @@ GGUF_OVERRIDES = {
     "ministral3": dict(sliding_window=None),  # its converter writes no window
     "granitemoe": dict(intermediate_size=64),  # whole 32-value blocks
     "granitemoeshared": dict(intermediate_size=64, shared_intermediate_size=64),
+    "qwen3_5_text": dict(),  # two key heads shared by four value heads: the converter's tiling undone
 }
 
 

@@ -122,3 +122,30 @@ def test_the_multimodal_checkpoints_language_model_is_served(tmp_path, default_m
     prompts = _prompts(3, 25, 6)
     llm = LLM(str(tmp_path), dtype="float32", max_model_len=64, block_size=8)
     assert engine_greedy(llm, prompts, 8, ignore_eos=True) == hf_greedy(model, prompts, 8, None)
+
+
+def test_the_default_budget_runs_as_many_sequences_as_half_of_it_holds_states_for(path, hf, monkeypatch):
+    """max_num_seqs left at its default (64): where 64 states would take more than half the
+    default cache budget (a Qwen3.5-4B's would take 3.3 GB of the CPU's 2 GiB), the engine
+    runs as many sequences as half of it holds, rather than refusing to start; more prompts
+    than that wait their turn, and an n above it is refused naming n."""
+    from engine import config as engine_config
+
+    per_sequence = registry.linear_attention(hf.config).state_bytes(torch.float32)
+    monkeypatch.setattr(engine_config, "CPU_KV_DEFAULT_BYTES", 12 * per_sequence)
+    llm = LLM(str(path), dtype="float32", max_model_len=64, block_size=8)
+    assert llm.engine.max_num_seqs == 6
+    assert llm.stats().blocks_total == 6 * per_sequence // kv_block_bytes(hf.config, 8, torch.float32)
+    prompts = _prompts(10, 20, 7)
+    assert engine_greedy(llm, prompts, 6, ignore_eos=True) == hf_greedy(hf, prompts, 6, None)
+    with pytest.raises(ParamError) as e:
+        llm.generate([prompts[0]], SamplingParams(n=7, max_tokens=2), use_tqdm=False)
+    assert e.value.param == "n"
+
+
+def test_a_quantized_engine_is_refused_by_name(path):
+    """The linear layers' projections are read dense; `quantization` is refused, not
+    ignored."""
+    with pytest.raises(ParamError) as e:
+        LLM(str(path), max_model_len=64, quantization="int8")
+    assert e.value.param == "quantization" and "linear-attention" in str(e.value)

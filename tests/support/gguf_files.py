@@ -24,7 +24,7 @@ GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen
              "nemotron": "NEMOTRON", "olmoe": "OLMOE", "stablelm": "STABLELM",
              "apertus": "APERTUS", "hunyuan_v1_dense": "HUNYUAN_DENSE", "ernie4_5_moe": "ERNIE4_5_MOE",
              "glm4_moe": "GLM4_MOE", "dots1": "DOTS1", "ministral3": "MISTRAL3", "granitemoe": "GRANITE_MOE",
-             "granitemoeshared": "GRANITE_MOE"}
+             "granitemoeshared": "GRANITE_MOE", "qwen3_5_text": "QWEN35"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -191,6 +191,8 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         for key, add in (("alpha_p", writer.add_xielu_alpha_p), ("alpha_n", writer.add_xielu_alpha_n),
                          ("beta", writer.add_xielu_beta), ("eps", writer.add_xielu_eps)):
             add([tensors.pop(f"model.layers.{i}.mlp.act_fn.{key}").item() for i in range(layers)])
+    if config.model_type == "qwen3_5_text":
+        tensors = _qwen35(writer, tensors, config, head_dim, rope)
     for k in range(mtp_layers):
         tensors.update(_mtp_block(tensors, layers - 1, layers + k, config.hidden_size))
     assert config.vocab_size == VOCAB, "build the checkpoint with vocab_size=gguf_files.VOCAB"
@@ -205,8 +207,9 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
             gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             assert gguf_name is not None, hf_name
         data = tensor.float()
-        if config.model_type in ("gemma", "gemma2", "gemma3_text", "nemotron") and hf_name.endswith("norm.weight"):
-            data = data + 1  # the converter stores Gemma's and Nemotron's (1 + w)
+        if config.model_type in ("gemma", "gemma2", "gemma3_text", "nemotron", "qwen3_5_text") \
+                and hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
+            data = data + 1  # the converter stores Gemma's, Nemotron's and Qwen3.5's (1 + w)
         if hf_name.endswith("shared_expert_gate.weight"):
             data = data.squeeze(0)  # llama.cpp reads ffn_gate_inp_shexp as [hidden]
         if gguf_name.endswith("attn_sinks"):
@@ -224,6 +227,48 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return out
+
+
+def _qwen35(writer, tensors: dict[str, torch.Tensor], config, head_dim: int, rope: dict) -> dict[str, torch.Tensor]:
+    """Qwen3.5's keys and tensors as llama.cpp's converter writes them: the linear layers'
+    sizes under Mamba's `ssm.*` names, their flags and the attention interval, the rotary
+    width and M-RoPE sections; A_log as -exp(A_log), dt_bias as the name map's dt_proj
+    bias, the convolution's kernel without its channel dim, and the value heads tiled (value
+    head j after key head j mod the key heads) where fewer key heads serve them."""
+    nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
+    dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
+    writer.add_ssm_conv_kernel(config.linear_conv_kernel_dim)
+    writer.add_ssm_state_size(dk)
+    writer.add_ssm_group_count(nk)
+    writer.add_ssm_time_step_rank(nv)
+    writer.add_ssm_inner_size(dv * nv)
+    writer.add_full_attention_interval(4)
+    writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
+    writer.add_rope_dimension_sections([*rope.get("mrope_section", [11, 11, 10]), 0])
+    per, qk = nv // nk, 2 * nk * dk
+
+    def tiled(t: torch.Tensor, dim: int, d: int) -> torch.Tensor:  # grouped [nk, per, d] -> [per, nk, d]
+        shape = list(t.shape)
+        return t.reshape(*shape[:dim], nk, per, d, *shape[dim + 1:]).transpose(dim, dim + 1).reshape(shape)
+
+    out = {}
+    for name, t in tensors.items():
+        if ".linear_attn." in name:
+            if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+                t = torch.cat([t[:qk], tiled(t[qk:], 0, dv)])
+            elif name.endswith("in_proj_z.weight"):
+                t = tiled(t, 0, dv)
+            elif name.endswith(("in_proj_a.weight", "in_proj_b.weight", ".A_log", ".dt_bias")):
+                t = tiled(t, 0, 1)
+            elif name.endswith("out_proj.weight"):
+                t = tiled(t, 1, dv)
+            if name.endswith(".A_log"):
+                t = -torch.exp(t)
+            if name.endswith("conv1d.weight"):
+                t = t.squeeze(1)
+            name = name.replace(".linear_attn.dt_bias", ".linear_attn.dt_proj.bias")
+        out[name] = t
     return out
 
 
