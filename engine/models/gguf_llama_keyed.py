@@ -325,6 +325,23 @@ def _mistral3(config: Any, get, tensors: dict[str, Any]) -> Any:
                             architectures=["Ministral3ForCausalLM"])
 
 
+def _qwen35moe(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """Qwen3.5's MoE models (`qwen35moe`): Qwen3.5's layers, experts on every one (renormalised,
+    as transformers' always are) beside the shared expert, sized by the file's keys."""
+    from transformers import Qwen3_5MoeTextConfig
+
+    dense = _qwen35(config, get, tensors).to_dict()
+    keep = {k: dense[k] for k in ("layer_types", "linear_num_key_heads", "linear_num_value_heads",
+                                  "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")}
+    fields = {k: v for k, v in llama_fields(config).items() if k != "intermediate_size"}
+    fields["num_hidden_layers"] = len(keep["layer_types"])
+    return Qwen3_5MoeTextConfig(**fields, **keep, num_experts=_need(get, "expert_count"),
+                                num_experts_per_tok=_need(get, "expert_used_count"),
+                                moe_intermediate_size=_need(get, "expert_feed_forward_length"),
+                                shared_expert_intermediate_size=_need(get, "expert_shared_feed_forward_length"),
+                                architectures=["Qwen3_5MoeForCausalLM"])
+
+
 def _qwen35(config: Any, get, tensors: dict[str, Any]) -> Any:
     """Qwen3.5 (llama.cpp's `qwen35`): its linear-attention layers where the file holds their
     `ssm_a` (the converter's recurrent-layer flags and attention interval say the same),
@@ -350,7 +367,7 @@ BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": 
             "olmoe": _olmoe, "stablelm": _stablelm, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
             "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere, "starcoder2": _starcoder2, "apertus": _apertus,
             "hunyuan-dense": _hunyuan, "ernie4_5-moe": _ernie4_5_moe, "glm4moe": _glm4_moe, "dots1": _dots1,
-            "mistral3": _mistral3, "granitemoe": _granitemoe, "qwen35": _qwen35}
+            "mistral3": _mistral3, "granitemoe": _granitemoe, "qwen35": _qwen35, "qwen35moe": _qwen35moe}
 # Those whose tensors are Llama's too (q and k interleaved as Llama's), which transformers'
 # reader converts; every other one's are the checkpoint's, only renamed
 # (engine/models/gguf_tensors.py convert_named).
@@ -360,7 +377,7 @@ LLAMA_TENSORS = ("smollm3", "granite", "arcee", "mistral3", "granitemoe")
 # Architectures whose GEMM weights are not read from the file's blocks: the conversion holds
 # them all, dequantized (Qwen3.5's linear layers read llama.cpp's V-head order, tiled for
 # ggml, back into the checkpoint's, and out_proj's columns with them, which blocks cannot).
-CONVERTED_WHOLE = ("qwen35",)
+CONVERTED_WHOLE = ("qwen35", "qwen35moe")
 
 
 def tensor_config(arch: str, config: Any) -> Any:

@@ -97,6 +97,8 @@ def convert_named(path: Path, arch: str, config: Any, keep: Callable[[str], bool
         if merged is not None:  # a layer's experts, merged as Qwen's and Mixtral's (OLMoE)
             experts[int(merged[1]), merged[2]] = data
             continue
+        if theirs[t.name].endswith("shared_expert_gate.weight") and data.dim() == 1:
+            data = data[None]  # llama.cpp keeps a shared expert's gate as [hidden]; its Linear is [1, hidden]
         if config.model_type in LINEAR_ATTENTION:
             data = _linear_attention(config, theirs[t.name], data)
         elif theirs[t.name].endswith("norm.weight") and config.model_type in NORM_ADDED:
@@ -109,7 +111,7 @@ def convert_named(path: Path, arch: str, config: Any, keep: Callable[[str], bool
 
 # The model types with Qwen3.5's linear-attention layers, whose tensors the converter
 # transforms beyond renaming (`_linear_attention` undoes it).
-LINEAR_ATTENTION = ("qwen3_5_text",)
+LINEAR_ATTENTION = ("qwen3_5_text", "qwen3_5_moe_text")
 
 
 def _linear_attention(config: Any, name: str, data: torch.Tensor) -> torch.Tensor:

@@ -327,13 +327,20 @@ def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int:
 
     from engine.models import registry
 
-    h, v, inter = config.hidden_size, config.vocab_size, config.intermediate_size
+    # (a config whose every layer holds experts may have no dense intermediate size: Qwen3.5 MoE)
+    h, v, inter = config.hidden_size, config.vocab_size, getattr(config, "intermediate_size", None) or 0
     hd = getattr(config, "head_dim", None) or h // config.num_attention_heads
     q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
-    attn = h * q + 2 * h * kv + q * h + 2 * h
     spec = registry.model_class(config).spec(config)
+    attn = h * q * (2 if spec.attn_gate else 1) + 2 * h * kv + q * h + 2 * h
     moe = spec.moe
     layers = config.num_hidden_layers * (attn + 3 * h * inter)
+    if spec.linear is not None:  # a linear-attention layer's projections, kernel and per-head parameters
+        lin = spec.linear
+        value = lin.value_heads * lin.value_dim
+        mixer = h * (lin.conv_channels + value + 2 * lin.value_heads) + lin.conv_channels * lin.conv_kernel \
+            + value * h + 2 * lin.value_heads + lin.value_dim
+        layers += len(lin.layers) * (mixer - attn)
     if moe is not None:
         sparse = moe.experts * (3 * h * moe.inter + h)  # the experts and the router
         sparse += moe.experts if moe.choice_bias else 0  # the router's choice bias

@@ -78,6 +78,7 @@ GGUF_OVERRIDES = {
     "granitemoe": dict(intermediate_size=64),  # whole 32-value blocks
     "granitemoeshared": dict(intermediate_size=64, shared_intermediate_size=64),
     "qwen3_5_text": dict(),  # two key heads shared by four value heads: the converter's tiling undone
+    "qwen3_5_moe_text": dict(moe_intermediate_size=64),
 }
 
 

@@ -24,7 +24,7 @@ GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen
              "nemotron": "NEMOTRON", "olmoe": "OLMOE", "stablelm": "STABLELM",
              "apertus": "APERTUS", "hunyuan_v1_dense": "HUNYUAN_DENSE", "ernie4_5_moe": "ERNIE4_5_MOE",
              "glm4_moe": "GLM4_MOE", "dots1": "DOTS1", "ministral3": "MISTRAL3", "granitemoe": "GRANITE_MOE",
-             "granitemoeshared": "GRANITE_MOE", "qwen3_5_text": "QWEN35"}
+             "granitemoeshared": "GRANITE_MOE", "qwen3_5_text": "QWEN35", "qwen3_5_moe_text": "QWEN35MOE"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -38,7 +38,8 @@ EXPERT_KEYS = {"qwen2_moe": ("num_experts", "moe_intermediate_size"),
                "glm4_moe": ("n_routed_experts", "moe_intermediate_size"),
                "dots1": ("n_routed_experts", "moe_intermediate_size"),
                "granitemoe": ("num_local_experts", "intermediate_size"),
-               "granitemoeshared": ("num_local_experts", "intermediate_size")}
+               "granitemoeshared": ("num_local_experts", "intermediate_size"),
+               "qwen3_5_moe_text": ("num_experts", "moe_intermediate_size")}
 
 
 def byte_tokenizer(writer, specials: tuple[str, ...] = (), vocab: int = VOCAB, pre: str = "default",
@@ -151,7 +152,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_expert_count(count)
         writer.add_expert_used_count(config.num_experts_per_tok)
         writer.add_expert_feed_forward_length(size)
-    if config.model_type == "qwen2_moe":
+    if config.model_type in ("qwen2_moe", "qwen3_5_moe_text"):
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     if config.model_type in ("granitemoe", "granitemoeshared"):
         tensors = _granite_experts(tensors, config)
@@ -169,7 +170,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     if config.model_type == "glm4_moe":
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
-    if config.model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "ernie4_5_moe", "glm4_moe", "dots1"):
+    if config.model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "ernie4_5_moe", "glm4_moe", "dots1", "qwen3_5_moe_text"):
         count = getattr(config, EXPERT_KEYS[config.model_type][0])
         tensors = _merge_experts(tensors, config.num_hidden_layers, count)
     if config.model_type in ("ernie4_5_moe", "glm4_moe", "dots1"):  # as its converter renames it for the name map
@@ -191,7 +192,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         for key, add in (("alpha_p", writer.add_xielu_alpha_p), ("alpha_n", writer.add_xielu_alpha_n),
                          ("beta", writer.add_xielu_beta), ("eps", writer.add_xielu_eps)):
             add([tensors.pop(f"model.layers.{i}.mlp.act_fn.{key}").item() for i in range(layers)])
-    if config.model_type == "qwen3_5_text":
+    if config.model_type in ("qwen3_5_text", "qwen3_5_moe_text"):
         tensors = _qwen35(writer, tensors, config, head_dim, rope)
     for k in range(mtp_layers):
         tensors.update(_mtp_block(tensors, layers - 1, layers + k, config.hidden_size))
@@ -207,7 +208,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
             gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             assert gguf_name is not None, hf_name
         data = tensor.float()
-        if config.model_type in ("gemma", "gemma2", "gemma3_text", "nemotron", "qwen3_5_text") \
+        if config.model_type in ("gemma", "gemma2", "gemma3_text", "nemotron", "qwen3_5_text", "qwen3_5_moe_text") \
                 and hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
             data = data + 1  # the converter stores Gemma's, Nemotron's and Qwen3.5's (1 + w)
         if hf_name.endswith("shared_expert_gate.weight"):
