@@ -75,12 +75,13 @@ class AttentionBackend:
         """A linear-attention layer's convolution over every sequence's new inputs (reference.conv)."""
         return reference.conv(state, slots, fresh, starts, x, weight)
 
-    def delta_rule(self, state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor,
-                   q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
-                   ) -> torch.Tensor:
-        """A linear-attention layer's gated delta rule over every sequence's new tokens, on
-        their state slots (reference.delta_rule)."""
-        return reference.delta_rule(state, slots, fresh, starts, q, k, v, g, beta)
+    def gated_delta_rule(self, state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor,
+                         x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.Tensor, A_log: torch.Tensor,
+                         dt_bias: torch.Tensor, norm_weight: torch.Tensor, key_heads: int, eps: float) -> torch.Tensor:
+        """A linear-attention layer after its convolution, over every sequence's new tokens
+        on their state slots (reference.gated_delta_rule)."""
+        return reference.gated_delta_rule(state, slots, fresh, starts, x, a, b, z, A_log, dt_bias, norm_weight,
+                                          key_heads, eps)
 
 
 class TorchBackend(AttentionBackend):
@@ -136,8 +137,10 @@ class NativeBackend(AttentionBackend):
     def conv(self, state, slots, fresh, starts, x, weight) -> torch.Tensor:
         return cpu.conv(state, slots, fresh, starts, x, weight)
 
-    def delta_rule(self, state, slots, fresh, starts, q, k, v, g, beta) -> torch.Tensor:
-        return cpu.delta_rule(state, slots, fresh, starts, q, k, v, g, beta)
+    def gated_delta_rule(self, state, slots, fresh, starts, x, a, b, z, A_log, dt_bias, norm_weight, key_heads,
+                         eps) -> torch.Tensor:
+        return cpu.gated_delta_rule(state, slots, fresh, starts, x, a, b, z, A_log, dt_bias, norm_weight, key_heads,
+                                    eps)
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         cpu.store_kv(key, value, k_cache, v_cache, slot_mapping)

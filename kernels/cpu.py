@@ -190,9 +190,9 @@ def _register_fakes() -> None:
     def _(state, slots, fresh, starts, x, weight):
         return torch.empty_like(x)
 
-    @torch.library.register_fake(lib + "delta_rule")
-    def _(state, slots, fresh, starts, q, k, v, g, beta):
-        return v.new_empty(v.shape)
+    @torch.library.register_fake(lib + "gated_delta_rule")
+    def _(state, slots, fresh, starts, x, a, b, z, A_log, dt_bias, norm_weight, key_heads, eps):
+        return x.new_empty(x.shape[0], z.shape[1])
 
     @torch.library.register_fake(lib + "argmax_rows")
     def _(logits):
@@ -239,12 +239,13 @@ def conv(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: 
     return op("conv")(state, slots, fresh, starts, x.contiguous(), weight.contiguous())
 
 
-def delta_rule(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor,
-               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """reference.delta_rule a token at a time per sequence and head, the state kept in L2:
-    read from its slot once and written once."""
-    return op("delta_rule")(state, slots, fresh, starts, q.contiguous(), k.contiguous(), v.contiguous(),
-                            g.contiguous(), beta.contiguous())
+def gated_delta_rule(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor,
+                     x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.Tensor, A_log: torch.Tensor,
+                     dt_bias: torch.Tensor, norm_weight: torch.Tensor, key_heads: int, eps: float) -> torch.Tensor:
+    """reference.gated_delta_rule in one call: a token at a time per sequence and head, the
+    state kept in L2, read from its slot once and written once."""
+    return op("gated_delta_rule")(state, slots, fresh, starts, x.contiguous(), a, b, z, A_log, dt_bias, norm_weight,
+                                  key_heads, eps)
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

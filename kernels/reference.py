@@ -158,6 +158,30 @@ def paged_attention_prefill(
     return out
 
 
+def gated_delta_rule(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor,
+                     x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.Tensor, A_log: torch.Tensor,
+                     dt_bias: torch.Tensor, norm_weight: torch.Tensor, key_heads: int, eps: float) -> torch.Tensor:
+    """A linear-attention layer after its convolution (Qwen3.5's Gated DeltaNet), as
+    transformers computes it: from the convolved q, k, v of every new token (x [n, C], C =
+    2 Hk dk + H dv), q and k L2-normed in fp32 and shared by the value heads of their key
+    head, q scaled by dk^-1/2; beta = sigmoid(b); g = -exp(A_log) softplus(a + dt_bias);
+    `delta_rule` on the state slots; each head's output through the gated RMSNorm, weight *
+    o / rms(o) times silu(z). Returns [n, H dv] in x's dtype. The native kernel's oracle."""
+    n, heads, dv = x.shape[0], A_log.shape[0], norm_weight.shape[0]
+    dk = (x.shape[1] - heads * dv) // (2 * key_heads)
+    q, k, v = x.float().split([key_heads * dk, key_heads * dk, heads * dv], dim=-1)
+    q, k = (t.reshape(n, key_heads, dk).repeat_interleave(heads // key_heads, dim=1) for t in (q, k))
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * dk ** -0.5
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias)
+    o = delta_rule(state, slots, fresh, starts, q.contiguous(), k.contiguous(), v.reshape(n, heads, dv), g,
+                   b.sigmoid().float())
+    o = o.to(x.dtype).view(n * heads, dv)
+    of = o.float()
+    normed = norm_weight * (of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (normed * F.silu(z.reshape(n * heads, dv).float())).to(x.dtype).view(n, heads * dv)
+
+
 def delta_rule(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor,
                q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     """The gated delta rule (Qwen3.5's linear attention) over every sequence's new tokens,

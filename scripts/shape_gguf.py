@@ -31,12 +31,13 @@ QUANTIZE = ROOT / ".peers/llama.cpp/build/bin/llama-quantize"
 
 
 def write(shape: str, out: Path, qtype: str = "F16") -> Path:
-    """The shape as a GGUF of qtype F16, F32 or Q8_0 (the ones the gguf package writes)."""
+    """The shape as a GGUF of qtype F16, BF16, F32 or Q8_0 (the ones the gguf package writes)."""
     import gguf
 
     s = dict(SHAPES[shape])
     moe = s.get("model_type") == "qwen3_moe"
-    arch = gguf.MODEL_ARCH.QWEN3MOE if moe else gguf.MODEL_ARCH.QWEN3
+    hybrid = s.get("model_type") == "qwen3_5_text"
+    arch = gguf.MODEL_ARCH.QWEN3MOE if moe else gguf.MODEL_ARCH.QWEN35 if hybrid else gguf.MODEL_ARCH.QWEN3
     h, layers, heads, kv, d = (s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"],
                                s["num_key_value_heads"], s["head_dim"])
     writer = gguf.GGUFWriter(out, gguf.MODEL_ARCH_NAMES[arch])
@@ -49,8 +50,17 @@ def write(shape: str, out: Path, qtype: str = "F16") -> Path:
     writer.add_key_length(d)
     writer.add_value_length(d)
     writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(1000000.0)
+    writer.add_rope_freq_base(s["rope_parameters"]["rope_theta"] if hybrid else 1000000.0)
     writer.add_vocab_size(s["vocab_size"])
+    if hybrid:  # Qwen3.5's keys as its converter writes them (the linear layers' under Mamba's ssm.* names)
+        writer.add_rope_dimension_count(int(d * s["rope_parameters"]["partial_rotary_factor"]))
+        writer.add_rope_dimension_sections([11, 11, 10, 0])
+        writer.add_ssm_conv_kernel(s["linear_conv_kernel_dim"])
+        writer.add_ssm_state_size(s["linear_key_head_dim"])
+        writer.add_ssm_group_count(s["linear_num_key_heads"])
+        writer.add_ssm_time_step_rank(s["linear_num_value_heads"])
+        writer.add_ssm_inner_size(s["linear_value_head_dim"] * s["linear_num_value_heads"])
+        writer.add_full_attention_interval(len(s["layer_types"]))
     if moe:
         writer.add_expert_count(s["num_experts"])
         writer.add_expert_used_count(s["num_experts_per_tok"])
@@ -64,10 +74,10 @@ def write(shape: str, out: Path, qtype: str = "F16") -> Path:
             writer.add_tensor(name, np.ones(shape, dtype=np.float32))
             return
         data = (rng.standard_normal(shape, dtype=np.float32) * 0.02)
-        if qtype == "Q8_0":
+        if qtype in ("Q8_0", "BF16") and len(shape) > 1:
             writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
         else:
-            writer.add_tensor(name, data.astype(np.float16 if qtype == "F16" else np.float32))
+            writer.add_tensor(name, data.astype(np.float16 if qtype == "F16" and len(shape) > 1 else np.float32))
 
     v = s["vocab_size"]
     add("token_embd.weight", (v, h))
@@ -76,9 +86,12 @@ def write(shape: str, out: Path, qtype: str = "F16") -> Path:
         add("output.weight", (v, h))
     for i in range(layers):
         p = f"blk.{i}."
+        if hybrid and s["layer_types"][i % len(s["layer_types"])] == "linear_attention":
+            _linear_layer(s, p, add, writer, rng)
+            continue
         for name, shape in (("attn_norm", (h,)), ("ffn_norm", (h,)), ("attn_q_norm", (d,)), ("attn_k_norm", (d,))):
-            add(p + name + ".weight", shape, norm=True)
-        add(p + "attn_q.weight", (heads * d, h))
+            add(p + ("post_attention_norm" if hybrid and name == "ffn_norm" else name) + ".weight", shape, norm=True)
+        add(p + "attn_q.weight", (heads * d * (2 if hybrid else 1), h))  # Qwen3.5's: each head's query and gate
         add(p + "attn_k.weight", (kv * d, h))
         add(p + "attn_v.weight", (kv * d, h))
         add(p + "attn_output.weight", (h, heads * d))
@@ -100,8 +113,36 @@ def write(shape: str, out: Path, qtype: str = "F16") -> Path:
     return out
 
 
+def _linear_layer(s: dict, p: str, add, writer, rng: np.random.Generator) -> None:
+    """A Qwen3.5 linear-attention layer's tensors (value heads as many as key heads at the
+    benchmark shape, so the converter's tiling is the identity): norms 1 (its (1 + w) of w
+    = 0; the gated norm's plain 1), each head's decay -exp(A_log) with A in [0.01, 16] as
+    transformers initialises it, the convolution's kernel without its channel dim, in fp32."""
+    h = s["hidden_size"]
+    nk, nv, dk, dv = (s["linear_num_key_heads"], s["linear_num_value_heads"], s["linear_key_head_dim"],
+                      s["linear_value_head_dim"])
+    conv = 2 * nk * dk + nv * dv
+    add(p + "attn_norm.weight", (h,), norm=True)
+    add(p + "post_attention_norm.weight", (h,), norm=True)
+    add(p + "ssm_norm.weight", (dv,), norm=True)
+    add(p + "ssm_dt.bias", (nv,), norm=True)
+    writer.add_tensor(p + "ssm_a", -rng.uniform(0.01, 16, nv).astype(np.float32))
+    # fp32, as llama.cpp's converter keeps it (ggml's ssm_conv reads no other type)
+    writer.add_tensor(p + "ssm_conv1d.weight",
+                      (rng.standard_normal((conv, s["linear_conv_kernel_dim"]), dtype=np.float32) * 0.02))
+    add(p + "attn_qkv.weight", (conv, h))
+    add(p + "attn_gate.weight", (nv * dv, h))
+    add(p + "ssm_beta.weight", (nv, h))
+    add(p + "ssm_alpha.weight", (nv, h))
+    add(p + "ssm_out.weight", (h, nv * dv))
+    inter = s["intermediate_size"]
+    add(p + "ffn_gate.weight", (inter, h))
+    add(p + "ffn_up.weight", (inter, h))
+    add(p + "ffn_down.weight", (h, inter))
+
+
 def main(shape: str, qtype: str, out: Path) -> Path:
-    if qtype in ("F16", "F32", "Q8_0"):
+    if qtype in ("F16", "BF16", "F32", "Q8_0"):
         return write(shape, out, qtype)
     if not QUANTIZE.is_file():
         raise SystemExit("llama-quantize missing: cmake --build .peers/llama.cpp/build --target llama-quantize "

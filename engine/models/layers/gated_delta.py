@@ -12,7 +12,6 @@ zeros, so a preempted one recomputed from its prompt needs nothing reset.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.models.arch import LinearAttnSpec
@@ -47,46 +46,24 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(self.value_size, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], meta: AttnMetadata) -> torch.Tensor:
-        spec, n = self.spec, x.shape[0]
         mixed, z, b, a = self.in_proj(x).split(self.in_sizes, dim=-1)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         slots, qsl = meta.state_slots, meta.query_start_loc
         fresh = (meta.seq_lens - (qsl[1:] - qsl[:-1])) == 0  # first new token at position 0
-        conv_state, delta_state = state  # [slots, k - 1, C] and [slots, H, dk, dv]
-        weight = self.conv1d.weight[:, 0, :]
-        if self._taps is None or self._taps.dtype != weight.dtype:
-            self._taps = weight.t().contiguous()  # [k, C]: the kernel reads each tap's channels in a row
         starts = qsl.long()
+        conv_state, delta_state = state  # [slots, k - 1, C] and [slots, H, dk, dv]
+        if self._taps is None or self._taps.dtype != self.conv1d.weight.dtype:
+            self._taps = self.conv1d.weight[:, 0, :].t().contiguous()  # [k, C]: each tap's channels in a row
         conv = meta.backend.conv(conv_state, slots, fresh, starts, mixed, self._taps)
-        q, k, v = self._qkv(conv)
-        out = meta.backend.delta_rule(delta_state, slots, fresh, starts, q, k, v, g, beta.float())
-        core = self.norm(out.to(x.dtype).view(-1, spec.value_dim), z.reshape(-1, spec.value_dim))
-        return self.out_proj(core.view(n, self.value_size))
-
-    def _qkv(self, conv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q and k L2-normed, q scaled by the key dim's root, all fp32, each key head
-        repeated for the value heads that share it: [n, heads, dim] each."""
-        spec, n = self.spec, conv.shape[0]
-        q, k, v = conv.float().split([self.key_size, self.key_size, self.value_size], dim=-1)
-        q, k = q.reshape(n, spec.key_heads, spec.key_dim), k.reshape(n, spec.key_heads, spec.key_dim)
-        if spec.key_heads != spec.value_heads:
-            q = q.repeat_interleave(spec.value_heads // spec.key_heads, dim=1)
-            k = k.repeat_interleave(spec.value_heads // spec.key_heads, dim=1)
-        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
-        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-        return (q * spec.key_dim ** -0.5).contiguous(), k.contiguous(), v.reshape(n, spec.value_heads, spec.value_dim)
+        core = meta.backend.gated_delta_rule(delta_state, slots, fresh, starts, conv, a, b, z, self.A_log, self.dt_bias,
+                                             self.norm.weight, self.spec.key_heads, self.norm.eps)
+        return self.out_proj(core)
 
 
 class _GatedNorm(nn.Module):
-    """RMSNorm of each head's output (its weight plain, not 1 + w), times SiLU(z) in fp32."""
+    """The gated RMSNorm's weight (plain, not 1 + w) and epsilon, under the checkpoint's
+    name; the backend's gated_delta_rule applies it."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
         self.eps = eps
-
-    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return ((self.weight * normed) * F.silu(z.float())).to(x.dtype)
