@@ -165,9 +165,9 @@ class ArchSpec:
         """Whether the fused layer (DecoderLayer.forward_fused) runs this layer shape: every
         placement of RMSNorms (a late_cast norm's fp32 weight applies before the rounding
         there too), and LayerNorms before each block or Cohere's before both, which run as
-        modules there, as q/k norms after the rotary do (HunYuan)."""
-        return (self.norm_kind == "rms" or self.norms in ("pre", "parallel")) and not self.attn_gate \
-            and self.linear is None
+        modules there, as q/k norms after the rotary do (HunYuan). A gated attention layer
+        (Qwen3.5's) runs as modules among fused ones (DecoderLayer.flatten)."""
+        return self.norm_kind == "rms" or self.norms in ("pre", "parallel")
 
     def kv_layers(self, num_layers: int) -> list[int]:
         """The layers that attend over a KV cache: all but the linear-attention ones."""

@@ -223,7 +223,13 @@ class DecoderForCausalLM(nn.Module):
             for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
                 keep = logits_indices if picked and i == len(self.layers) - 1 else None
                 cos, sin = ropes[self.layer_rope[i]]
-                h, pending = layer.forward_fused(h, pending, cos, sin, kv_cache, metas[i], keep, q_scale)
+                if layer.fused:
+                    h, pending = layer.forward_fused(h, pending, cos, sin, kv_cache, metas[i], keep, q_scale)
+                    continue
+                # a layer on the module path among fused ones (Qwen3.5's gated attention)
+                h = h + pending if pending is not None else h
+                h, pending = layer(h, cos[:, None, :], sin[:, None, :], kv_cache, metas[i], q_scale), None
+                h = h[keep] if keep is not None else h
             h = h + pending if pending is not None else h
         else:
             ropes = [(cos[:, None, :], sin[:, None, :]) for cos, sin in ropes]

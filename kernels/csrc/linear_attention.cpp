@@ -169,7 +169,7 @@ at::Tensor gated_delta_rule(at::Tensor& state, const at::Tensor& slots, const at
         for (int64_t t = tp[i]; t < tp[i + 1]; ++t) {
           const T* row = xp + t * C;
           float qq = 0.f, kk = 0.f;
-          for (int64_t r = 0; r < dk; ++r) {
+          _Pragma("omp simd reduction(+ : qq, kk)") for (int64_t r = 0; r < dk; ++r) {
             q[r] = load_f(row, kh * dk + r);
             k[r] = load_f(row, key_heads * dk + kh * dk + r);
             qq += q[r] * q[r];
@@ -180,7 +180,7 @@ at::Tensor gated_delta_rule(at::Tensor& state, const at::Tensor& slots, const at
             q[r] = (q[r] * qn) * qscale;
             k[r] = k[r] * kn;
           }
-          for (int64_t j = 0; j < dv; ++j) v[j] = load_f(row, 2 * key_heads * dk + h * dv + j);
+          _Pragma("omp simd") for (int64_t j = 0; j < dv; ++j) v[j] = load_f(row, 2 * key_heads * dk + h * dv + j);
           const float bx = load_f(bp + t * bs, h);
           const float bt = rounded<T>(1.f / (1.f + std::exp(-bx)));
           const float ax = load_f(ap + t * as, h) + bias;
@@ -206,17 +206,17 @@ at::Tensor gated_delta_rule(at::Tensor& state, const at::Tensor& slots, const at
           }
           // the gated RMSNorm of this head's output
           float ss = 0.f;
-          for (int64_t j = 0; j < dv; ++j) {
+          _Pragma("omp simd reduction(+ : ss)") for (int64_t j = 0; j < dv; ++j) {
             o[j] = rounded<T>(o[j]);
             ss += o[j] * o[j];
           }
           const float inv = 1.f / std::sqrt(ss / static_cast<float>(dv) + static_cast<float>(eps));
           const T* zt = zp + t * zs + h * dv;
           T* ot = op + t * H * dv + h * dv;
-          for (int64_t j = 0; j < dv; ++j) {
+          _Pragma("omp simd") for (int64_t j = 0; j < dv; ++j) {
             const float normed = rounded<T>(load_f(wp, j) * rounded<T>(o[j] * inv));
             const float g = load_f(zt, j);
-            store_f(ot, j, normed * (g / (1.f + std::exp(-g))));
+            store_f(ot, j, normed * (g / (1.f + pagedserve::fast_exp(-g))));
           }
         }
       }

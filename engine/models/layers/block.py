@@ -37,13 +37,16 @@ class Flat:
     layer_norm: Callable[[torch.Tensor], torch.Tensor] | None
     layer_norm2: Callable[[torch.Tensor], torch.Tensor] | None
     parallel: bool
-    qkv: Callable[[torch.Tensor], torch.Tensor]
+    # A linear-attention layer's whole token mixer (projections in and out), in place of the
+    # attention's references below, which it leaves neutral.
+    mixer: Callable[..., torch.Tensor] | None
+    qkv: Callable[[torch.Tensor], torch.Tensor] | None
     qk_norm: torch.Tensor | None  # [H + Hkv, D]: the q heads' norm weight, then the k heads'
     qk_eps: float
     qk_all: tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None  # OLMo 2's
     # HunYuan's per-head q and k norms, after the rotary
     qk_rotated: tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None
-    o: Callable[[torch.Tensor], torch.Tensor]
+    o: Callable[[torch.Tensor], torch.Tensor] | None
     gate_up: Callable[[torch.Tensor], torch.Tensor] | None  # None on an expert layer
     glu: bool  # gate_up returns silu(gate) * up itself
     gated: bool  # False: gate_up is up alone, and the MLP is down(act(up))
@@ -72,6 +75,7 @@ class DecoderLayer(nn.Module):
         # A linear-attention layer (Qwen3.5's, Qwen3-Next's) in place of attention: it reads
         # the sequence's state where the others read KV.
         self.is_linear = spec.linear is not None and layer in spec.linear.layers
+        self.fused = False  # on the fused kernels (forward_fused); set by flatten
         if self.is_linear:
             self.linear_attn = GatedDeltaNet(config.hidden_size, spec.linear, config.rms_norm_eps)
         else:
@@ -115,11 +119,16 @@ class DecoderLayer(nn.Module):
 
     def flatten(self, ops: Any) -> None:
         """Plain references to what forward_fused uses, taken once the weights are final
-        (loaded, packed or quantized); `ops` holds the fused kernels."""
-        attn, mlp = self.self_attn, self.mlp
+        (loaded, packed or quantized); `ops` holds the fused kernels. A gated attention
+        layer (Qwen3.5's, each head's query rows followed by its gate's) keeps the module
+        path (`fused` False): the fused rotary reads q and k where Llama's layout has them."""
+        self.fused = self.is_linear or not self.self_attn.gated
+        if not self.fused:
+            return
+        attn, mlp = None if self.is_linear else self.self_attn, self.mlp
         moe = isinstance(mlp, SparseMoE)
         qk_norm = None
-        if attn.qk_norm == "head":
+        if attn is not None and attn.qk_norm == "head":
             qk_norm = torch.cat([attn.q_norm.effective_weight().float().expand(attn.num_heads, -1),
                                  attn.k_norm.effective_weight().float().expand(attn.num_kv_heads, -1)])
         norms = self.spec.norms
@@ -129,6 +138,8 @@ class DecoderLayer(nn.Module):
         second = getattr(self, second) if second and not layer_norms else None
         after = norms in ("sandwich", "post")  # the outputs' norms: post_attention_ and post_feedforward_layernorm
         self.flat = Flat(
+            **(_attention_refs(attn, qk_norm) if attn is not None else _NO_ATTENTION),
+            mixer=self.linear_attn.forward if attn is None else None,
             norm1=first.effective_weight() if first else None, eps1=first.eps if first else 0.0,
             norm2=second.effective_weight() if second else None, eps2=second.eps if second else 0.0,
             post_attn=self.post_attention_layernorm.effective_weight() if after else None,
@@ -137,18 +148,11 @@ class DecoderLayer(nn.Module):
             layer_norm=self.input_layernorm.forward if layer_norms else None,
             layer_norm2=self.post_attention_layernorm.forward if layer_norms and norms == "pre" else None,
             parallel=norms == "parallel",
-            qkv=attn.qkv_proj.forward, qk_norm=qk_norm, qk_eps=attn.q_norm.eps if qk_norm is not None else 0.0,
-            qk_all=(attn.q_norm.forward, attn.k_norm.forward) if attn.qk_norm == "all" else None,
-            qk_rotated=(attn.q_norm.forward, attn.k_norm.forward) if attn.qk_norm == "rotated" else None,
-            o=attn.o_proj.forward, gate_up=None if moe else mlp.gate_up_proj.forward, glu=not moe and mlp.glu,
+            gate_up=None if moe else mlp.gate_up_proj.forward, glu=not moe and mlp.glu,
             gated=moe or mlp.gated, act=None if moe or (mlp.gated and mlp.act_name == "silu") else mlp.act,
             inter=mlp.inter,
             down=None if moe else mlp.down_proj.forward, experts=mlp.forward if moe else None,
-            heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
-            q_size=attn.q_size, v_at=attn.q_size + attn.kv_size, scale=attn.scale, window=attn.window,
-            softcap=attn.softcap, sinks=attn.sinks.detach().float() if attn.sinks is not None else None,
-            residual_scale=self.spec.residual_scale, reduce=attn.tp.all_reduce if attn.tp.size > 1 else None,
-            ops=ops)
+            residual_scale=self.spec.residual_scale, ops=ops)
 
     def forward_fused(self, residual, pending, cos, sin, kv_cache, meta, keep: torch.Tensor | None = None,
                       q_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,6 +178,11 @@ class DecoderLayer(nn.Module):
             if pending is not None:
                 residual.add_(pending)
             x = f.layer_norm(residual) if f.layer_norm is not None else residual
+        if f.mixer is not None:  # a linear-attention layer: its mixer whole, then the MLP as any layer's
+            out = f.mixer(x, kv_cache, meta)
+            if keep is not None:
+                out, residual = out[keep], residual[keep]
+            return self._mlp_fused(f, _branch_out(f, out, f.post_attn), residual, x)
         n = x.shape[0]
         qkv = f.qkv(x)
         if f.qk_all is not None:  # OLMo 2's q and k norms, each over all its heads
@@ -194,7 +203,13 @@ class DecoderLayer(nn.Module):
             out, residual = out[keep], residual[keep]
             if f.parallel:
                 x = x[keep]
-        out = _branch_out(f, f.o(out), f.post_attn)
+        return self._mlp_fused(f, _branch_out(f, f.o(out), f.post_attn), residual, x)
+
+    @staticmethod
+    def _mlp_fused(f: Flat, out: torch.Tensor, residual: torch.Tensor, x: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The token mixer's output `out` into the residual, then the MLP or the experts on
+        the fused kernels; `x` is what the mixer read (Cohere's MLP reads it too)."""
         if f.norm2 is not None:
             x = f.ops.add_rms_norm(out, residual, f.norm2, f.eps2)
         else:  # the MLP reads the residual (post norms), its LayerNorm, or the same x as attention (Cohere)
@@ -218,6 +233,22 @@ class DecoderLayer(nn.Module):
             gate, up = up.split(f.inter, dim=-1)
             out = f.down(f.act(gate) * up)
         return residual, _branch_out(f, out, f.post_mlp)
+
+
+def _attention_refs(attn: Attention, qk_norm: torch.Tensor | None) -> dict[str, Any]:
+    return dict(qkv=attn.qkv_proj.forward, qk_norm=qk_norm, qk_eps=attn.q_norm.eps if qk_norm is not None else 0.0,
+                qk_all=(attn.q_norm.forward, attn.k_norm.forward) if attn.qk_norm == "all" else None,
+                qk_rotated=(attn.q_norm.forward, attn.k_norm.forward) if attn.qk_norm == "rotated" else None,
+                o=attn.o_proj.forward, heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
+                q_size=attn.q_size, v_at=attn.q_size + attn.kv_size, scale=attn.scale, window=attn.window,
+                softcap=attn.softcap, sinks=attn.sinks.detach().float() if attn.sinks is not None else None,
+                reduce=attn.tp.all_reduce if attn.tp.size > 1 else None)
+
+
+# A linear-attention layer's Flat: no attention (its mixer is whole), no tensor parallelism.
+_NO_ATTENTION: dict[str, Any] = dict(qkv=None, qk_norm=None, qk_eps=0.0, qk_all=None, qk_rotated=None, o=None,
+                                     heads=0, kv_heads=0, head_dim=0, q_size=0, v_at=0, scale=0.0, window=0,
+                                     softcap=0.0, sinks=None, reduce=None)
 
 
 def _branch_out(f: Flat, out: torch.Tensor, post: torch.Tensor | None) -> torch.Tensor:
