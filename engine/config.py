@@ -220,7 +220,7 @@ class Placement:
         from kernels.backend import select as select_backend
 
         spec = registry.model_class(hf_config).spec(hf_config)
-        if spec.linear is not None:
+        if spec.stateful is not None:
             _check_linear_attention(config, hf_config)
         if config.tensor_parallel_size > 1 and not spec.tp_ok:
             raise ParamError("tensor_parallel_size", f"{hf_config.model_type} is not served under tensor "
@@ -272,7 +272,7 @@ class ResolvedConfig:
 
         device, dtype, positions = placement.device, placement.dtype, placement.max_positions
         budget = _budget(config, device, pending_bytes)
-        linear = registry.linear_attention(hf_config)
+        linear = registry.state_layers(hf_config)
         state_slots = _state_slots(config, linear.state_bytes(dtype), budget) if linear is not None else 0
         state_bytes = linear.state_bytes(dtype) * state_slots if linear is not None else 0
         groups = kv_groups(config, hf_config)

@@ -240,15 +240,15 @@ class ModelRunner:
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(groups.layers_per_block)
         ]
-        # Per layer: its K/V pair and its group's metadata; a linear-attention layer's state
-        # tensors (the convolution's, the delta rule's, a row per slot) and group 0's.
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # Per layer: its K/V pair and its group's metadata; a state-keeping layer's state
+        # tensors (a row per slot: its mixer's state_layout) and group 0's.
+        self.kv_caches: list[tuple[torch.Tensor, ...]] = []
         self.layer_group: list[int] = []
         for layer in model.layers:
             if layer.is_linear:
-                conv, delta = layer.linear_attn.spec.state_shapes()
-                self.kv_caches.append((torch.zeros(state_slots, *conv, dtype=dtype, device=device),
-                                       torch.zeros(state_slots, *delta, dtype=torch.float32, device=device)))
+                self.kv_caches.append(tuple(
+                    torch.zeros(state_slots, *shape, dtype=torch.float32 if fp32 else dtype, device=device)
+                    for shape, fp32 in layer.mixer.spec.state_layout()))
                 self.layer_group.append(0)
             else:
                 a = kv_layers.index(len(self.layer_group))  # its place among the KV layers

@@ -71,9 +71,9 @@ class AttentionBackend:
         return f"<attention backend {self.name}>"
 
     def conv(self, state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor,
-             x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """A linear-attention layer's convolution over every sequence's new inputs (reference.conv)."""
-        return reference.conv(state, slots, fresh, starts, x, weight)
+             x: torch.Tensor, weight: torch.Tensor, silu: bool = True) -> torch.Tensor:
+        """A state-keeping layer's convolution over every sequence's new inputs (reference.conv)."""
+        return reference.conv(state, slots, fresh, starts, x, weight, silu)
 
     def gated_delta_rule(self, state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor,
                          x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, z: torch.Tensor, A_log: torch.Tensor,
@@ -134,8 +134,8 @@ class NativeBackend(AttentionBackend):
     def fused_kernels(self) -> Any:
         return cpu
 
-    def conv(self, state, slots, fresh, starts, x, weight) -> torch.Tensor:
-        return cpu.conv(state, slots, fresh, starts, x, weight)
+    def conv(self, state, slots, fresh, starts, x, weight, silu: bool = True) -> torch.Tensor:
+        return cpu.conv(state, slots, fresh, starts, x, weight, silu)
 
     def gated_delta_rule(self, state, slots, fresh, starts, x, a, b, z, A_log, dt_bias, norm_weight, key_heads,
                          eps) -> torch.Tensor:

@@ -187,7 +187,7 @@ def _register_fakes() -> None:
         return x.new_empty(x.shape[0], n)
 
     @torch.library.register_fake(lib + "conv")
-    def _(state, slots, fresh, starts, x, weight):
+    def _(state, slots, fresh, starts, x, weight, silu=True):
         return torch.empty_like(x)
 
     @torch.library.register_fake(lib + "gated_delta_rule")
@@ -234,9 +234,9 @@ def paged_attention(
 
 
 def conv(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor, x: torch.Tensor,
-         weight: torch.Tensor) -> torch.Tensor:
+         weight: torch.Tensor, silu: bool = True) -> torch.Tensor:
     """reference.conv in one pass over the inputs, the state updated in place."""
-    return op("conv")(state, slots, fresh, starts, x.contiguous(), weight.contiguous())
+    return op("conv")(state, slots, fresh, starts, x.contiguous(), weight.contiguous(), silu)
 
 
 def gated_delta_rule(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor,

@@ -261,9 +261,10 @@ def chunked(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 def conv(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: torch.Tensor, x: torch.Tensor,
-         weight: torch.Tensor) -> torch.Tensor:
-    """A linear-attention layer's causal depthwise convolution with SiLU over every
-    sequence's new inputs: state [slots, k - 1, C] holds each sequence's last k - 1 inputs
+         weight: torch.Tensor, silu: bool = True) -> torch.Tensor:
+    """A state-keeping layer's causal depthwise convolution, with SiLU (Qwen3.5's) or
+    without (LFM2's, `silu` False), over every sequence's new inputs: state
+    [slots, k - 1, C] holds each sequence's last k - 1 inputs
     (zeros where `fresh`); sequence i's new ones are rows starts[i] .. starts[i + 1] of
     x [n, C]; weight [k, C] (the checkpoint's [C, 1, k] transposed). The state then holds
     each sequence's last k - 1 inputs, in place. Returns [n, C]. The native kernel's oracle."""
@@ -275,5 +276,6 @@ def conv(state: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, starts: 
         prev = state.new_zeros(state.shape[1:]) if fresh[i] else state[slot]
         window = torch.cat([prev, x[lo:hi].to(state.dtype)])
         state[slot] = window[window.shape[0] - prev.shape[0]:]
-        out[lo:hi] = F.silu(F.conv1d(window.t()[None].to(weight.dtype), taps, groups=weight.shape[1]))[0].t()
+        y = F.conv1d(window.t()[None].to(weight.dtype), taps, groups=weight.shape[1])[0].t()
+        out[lo:hi] = F.silu(y) if silu else y
     return out

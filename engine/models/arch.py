@@ -5,6 +5,7 @@ decoder (engine/models/decoder.py) do the rest."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 from typing import Literal
 
 import torch
@@ -104,17 +105,35 @@ class LinearAttnSpec:
     def conv_channels(self) -> int:
         return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
 
-    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Per sequence: the convolution's last inputs (k - 1, channels), the delta rule's
-        state (heads, dk, dv)."""
-        return (self.conv_kernel - 1, self.conv_channels), (self.value_heads, self.key_dim, self.value_dim)
+    def state_layout(self) -> tuple[tuple[tuple[int, ...], bool], ...]:
+        """Per sequence and layer, each state tensor's shape and whether it is fp32 (else the
+        model's dtype): the convolution's last inputs (k - 1, channels), the delta rule's
+        state (heads, dk, dv) in fp32, as transformers keeps it."""
+        return ((self.conv_kernel - 1, self.conv_channels), False), ((self.value_heads, self.key_dim, self.value_dim), True)
 
     def state_bytes(self, dtype: torch.dtype) -> int:
-        """One sequence's state over all the linear layers: the convolution's in the model's
-        dtype, the delta rule's in fp32 (as transformers keeps it)."""
-        conv, delta = self.state_shapes()
-        elem = torch.empty((), dtype=dtype).element_size()
-        return len(self.layers) * (conv[0] * conv[1] * elem + delta[0] * delta[1] * delta[2] * 4)
+        return _state_bytes(self.layers, self.state_layout(), dtype)
+
+
+@dataclass(frozen=True)
+class ShortConvSpec:
+    """LFM2's short-convolution layers: each keeps its last k - 1 inputs per sequence."""
+
+    layers: frozenset[int]
+    kernel: int
+    channels: int
+
+    def state_layout(self) -> tuple[tuple[tuple[int, ...], bool], ...]:
+        return (((self.kernel - 1, self.channels), False),)
+
+    def state_bytes(self, dtype: torch.dtype) -> int:
+        return _state_bytes(self.layers, self.state_layout(), dtype)
+
+
+def _state_bytes(layers: frozenset[int], layout: tuple[tuple[tuple[int, ...], bool], ...], dtype: torch.dtype) -> int:
+    """One sequence's state over all the layers that keep one."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return len(layers) * sum(math.prod(shape) * (4 if fp32 else elem) for shape, fp32 in layout)
 
 
 @dataclass(frozen=True)
@@ -158,8 +177,15 @@ class ArchSpec:
     # Qwen3-Next's and Qwen3.5's attention: q_proj gives each head's query and then a gate,
     # whose sigmoid scales the head's output before o_proj.
     attn_gate: bool = False
-    # Their linear-attention layers (Gated DeltaNet), which keep a state per sequence, not KV.
+    # Their linear-attention layers (Gated DeltaNet), which keep a state per sequence, not KV;
+    # LFM2's short-convolution layers likewise.
     linear: LinearAttnSpec | None = None
+    short_conv: ShortConvSpec | None = None
+
+    @property
+    def stateful(self) -> LinearAttnSpec | ShortConvSpec | None:
+        """The layers that keep a state per sequence instead of KV, if the model has any."""
+        return self.linear or self.short_conv
 
     def fusable(self) -> bool:
         """Whether the fused layer (DecoderLayer.forward_fused) runs this layer shape: every
@@ -171,8 +197,8 @@ class ArchSpec:
 
     def kv_layers(self, num_layers: int) -> list[int]:
         """The layers that attend over a KV cache: all but the linear-attention ones."""
-        linear = self.linear.layers if self.linear is not None else frozenset()
-        return [i for i in range(num_layers) if i not in linear]
+        stateful = self.stateful.layers if self.stateful is not None else frozenset()
+        return [i for i in range(num_layers) if i not in stateful]
 
 
 # transformers' names of the activations the MLP computes, as ArchSpec names them.

@@ -37,10 +37,10 @@ def num_kv_heads(config) -> int:
 
 
 def num_kv_layers(config) -> int:
-    """The layers that keep KV: all but linear-attention ones (Qwen3.5's, Qwen3-Next's),
-    which keep a state per sequence instead."""
+    """The layers that keep KV: all but linear-attention ones (Qwen3.5's, Qwen3-Next's) and
+    short convolutions (LFM2's), which keep a state per sequence instead."""
     types = getattr(config, "layer_types", None) or ()
-    return config.num_hidden_layers - sum(t == "linear_attention" for t in types)
+    return config.num_hidden_layers - sum(t in ("linear_attention", "conv") for t in types)
 
 
 def kv_block_bytes(config, block_size: int, dtype: torch.dtype, tp: int = 1, pp: int = 1,
@@ -89,6 +89,12 @@ class DecoderForCausalLM(nn.Module):
     def checkpoint_name(cls, name: str) -> str | None:
         """A checkpoint tensor's name in this model's terms; None for one it does not use."""
         return name
+
+    @classmethod
+    def engine_config(cls, config):
+        """The config as the shared layers read it; an architecture whose keys differ
+        returns a copy in their terms (LFM2)."""
+        return config
 
     def __init__(self, config, max_positions: int, dist: parallel.Dist | None = None) -> None:
         super().__init__()

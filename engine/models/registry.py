@@ -4,7 +4,7 @@ transformers itself dispatches on."""
 from __future__ import annotations
 
 from engine.errors import ParamError
-from engine.models.arch import LinearAttnSpec
+from engine.models.arch import LinearAttnSpec, ShortConvSpec
 from engine.models.apertus import ApertusForCausalLM
 from engine.models.arcee import ArceeForCausalLM
 from engine.models.cohere import Cohere2ForCausalLM, CohereForCausalLM
@@ -23,6 +23,7 @@ from engine.models.granite import GraniteForCausalLM, GraniteSwaForCausalLM
 from engine.models.granitemoe import GraniteMoeForCausalLM, GraniteMoeSwaForCausalLM
 from engine.models.helium import HeliumForCausalLM
 from engine.models.hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
+from engine.models.lfm2 import Lfm2ForCausalLM
 from engine.models.llama import CwmForCausalLM, LlamaForCausalLM
 from engine.models.ministral import Ministral3ForCausalLM, MinistralForCausalLM
 from engine.models.mistral import MistralForCausalLM
@@ -90,6 +91,7 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "qwen3_5_text": Qwen3_5ForCausalLM,
     "qwen3_5_moe_text": Qwen3_5MoeForCausalLM,
     "qwen3_next": Qwen3NextForCausalLM,
+    "lfm2": Lfm2ForCausalLM,
 }
 # Multimodal configs whose language model we serve: their text config is the model's.
 TEXT_OF = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
@@ -112,9 +114,9 @@ def layer_windows(config) -> tuple[int, ...]:
     return tuple(spec.windows[i] for i in spec.kv_layers(config.num_hidden_layers))
 
 
-def linear_attention(config) -> LinearAttnSpec | None:
-    """The model's linear-attention layers, which keep a state per sequence; None for none."""
-    return model_class(config).spec(config).linear
+def state_layers(config) -> LinearAttnSpec | ShortConvSpec | None:
+    """The model's layers that keep a state per sequence instead of KV; None for none."""
+    return model_class(config).spec(config).stateful
 
 
 def text_config(config):
@@ -124,5 +126,4 @@ def text_config(config):
         text = config.get_text_config()
         text.architectures = getattr(config, "architectures", None)
         return text
-    model_class(config)
-    return config
+    return model_class(config).engine_config(config)

@@ -327,7 +327,7 @@ def _check_complete(model: DecoderForCausalLM, params: dict[str, torch.Tensor], 
         leaf = name.split(".")[-2] if "." in name else name
         if leaf == "qkv_proj":
             expected |= {f"{name}#{i}" for i in range(3)}
-        elif leaf == "in_proj":
+        elif leaf == "in_proj" and ".linear_attn." in name:
             expected |= {f"{name}#{i}" for i in range(4)}
         elif leaf == "gate_up_proj":
             expected |= {f"{name}#{i}" for i in range(len(model.get_submodule(name.rsplit(".", 2)[0]).pieces))}

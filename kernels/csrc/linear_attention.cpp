@@ -29,11 +29,12 @@ float rounded(float v) {
 // state [S, k - 1, C] (each sequence's last k - 1 inputs, oldest first, channels
 // contiguous); slots int64 [b]; fresh bool [b]: no earlier inputs (zeros); starts int64
 // [b + 1]: sequence i's new inputs are rows starts[i] .. starts[i + 1] of x [n, C]; weight
-// [k, C] (the checkpoint's [C, 1, k], transposed). Each output is SiLU of the k-tap dot
-// product over the inputs up to its own, rounded to the dtype (as a conv1d in that dtype
-// gives it), rounded again; the state then holds the sequence's last k - 1 inputs.
+// [k, C] (the checkpoint's [C, 1, k], transposed). Each output is the k-tap dot product
+// over the inputs up to its own, rounded to the dtype (as a conv1d in that dtype gives it),
+// then, with `silu` (Qwen3.5's; LFM2's has none), SiLU of it rounded again; the state then
+// holds the sequence's last k - 1 inputs.
 at::Tensor conv(at::Tensor& state, const at::Tensor& slots, const at::Tensor& fresh, const at::Tensor& starts,
-                const at::Tensor& x, const at::Tensor& weight) {
+                const at::Tensor& x, const at::Tensor& weight, bool silu) {
   TORCH_CHECK(state.dim() == 3 && state.is_contiguous() && x.is_contiguous() && weight.is_contiguous(),
               "conv: contiguous state [slots, k - 1, C], x [n, C] and weight [k, C]");
   const int64_t S = state.size(0), K = state.size(1) + 1, C = state.size(2), b = slots.numel(), n = x.size(0);
@@ -85,7 +86,7 @@ at::Tensor conv(at::Tensor& state, const at::Tensor& slots, const at::Tensor& fr
           scalar_t* o = op + (first + t) * C + lo;
           _Pragma("omp simd") for (int64_t c = 0; c < m; ++c) {
             const float y = rounded<scalar_t>(a[c]);
-            store_f(o, c, y / (1.f + pagedserve::fast_exp(-y)));
+            store_f(o, c, silu ? y / (1.f + pagedserve::fast_exp(-y)) : y);
           }
         }
         // keep the last k - 1 inputs; rows move towards the front, so each is read before it is overwritten
@@ -228,7 +229,8 @@ at::Tensor gated_delta_rule(at::Tensor& state, const at::Tensor& slots, const at
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
-  m.def("conv(Tensor(a!) state, Tensor slots, Tensor fresh, Tensor starts, Tensor x, Tensor weight) -> Tensor");
+  m.def("conv(Tensor(a!) state, Tensor slots, Tensor fresh, Tensor starts, Tensor x, Tensor weight, bool silu) "
+        "-> Tensor");
   m.def("gated_delta_rule(Tensor(a!) state, Tensor slots, Tensor fresh, Tensor starts, Tensor x, Tensor a, "
         "Tensor b, Tensor z, Tensor A_log, Tensor dt_bias, Tensor norm_weight, int key_heads, float eps) -> Tensor");
 }

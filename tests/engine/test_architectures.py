@@ -49,7 +49,7 @@ def test_architecture_matches_transformers(model_type, backend, arch_dir):
     prompts = torch.randint(3, 49152, (8, 30), generator=gen).tolist()  # 30 > the 12-token window
     # 16 blocks of 8 tokens for 8 sequences of 46: preemption; a 40-token budget chunks prompts.
     # (Besides the 8 sequences' states where the model has linear-attention layers.)
-    linear = registry.linear_attention(hf.config)
+    linear = registry.state_layers(hf.config)
     states = 8 * linear.state_bytes(torch.float32) if linear is not None else 0
     llm = LLM(str(path), dtype="float32", max_num_seqs=8, max_num_batched_tokens=40, max_model_len=64,
               kv_cache_memory_bytes=16 * kv_block_bytes(hf.config, 8, torch.float32) + states, block_size=8,

@@ -82,7 +82,7 @@ def test_the_states_come_out_of_the_cache_budget_and_kv_counts_attention_layers_
     the states of max_num_seqs sequences are set aside first. A budget too small for them
     is refused naming it."""
     config = hf.config
-    linear = registry.linear_attention(config)
+    linear = registry.state_layers(config)
     assert kv_block_bytes(config, 8, torch.float32) == 2 * 8 * 2 * 32 * 4  # K and V of one layer: 8 x 2 heads x 32
     states = 4 * linear.state_bytes(torch.float32)
     llm = LLM(str(path), dtype="float32", max_num_seqs=4, max_model_len=64, block_size=8,
@@ -131,7 +131,7 @@ def test_the_default_budget_runs_as_many_sequences_as_half_of_it_holds_states_fo
     than that wait their turn, and an n above it is refused naming n."""
     from engine import config as engine_config
 
-    per_sequence = registry.linear_attention(hf.config).state_bytes(torch.float32)
+    per_sequence = registry.state_layers(hf.config).state_bytes(torch.float32)
     monkeypatch.setattr(engine_config, "CPU_KV_DEFAULT_BYTES", 12 * per_sequence)
     llm = LLM(str(path), dtype="float32", max_model_len=64, block_size=8)
     assert llm.engine.max_num_seqs == 6

@@ -162,6 +162,9 @@ ARCHS: dict[str, dict] = {
                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                               "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
                                               "mrope_interleaved": True}),
+    # LFM2: a short convolution first, its MLP size derived (2/3 of 192, to a multiple of 32)
+    "lfm2": dict(layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, intermediate_size=192,
+                 block_multiple_of=32, block_ffn_dim_multiplier=1.0, norm_eps=1e-5, tie_word_embeddings=True),
     "qwen3_next": dict(layer_types=["linear_attention", "full_attention", "linear_attention"], head_dim=32,
                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                        linear_value_head_dim=8, linear_conv_kernel_dim=3, num_experts=4, num_experts_per_tok=2,
@@ -215,8 +218,10 @@ def perturb(model, model_type: str) -> None:
                 p.mul_(6.0)  # experts that move the output: a routing or weighting slip shows
             if model_type in SHARP and ".self_attn." in name and name.endswith("weight"):
                 p.mul_(8.0)  # attention sharp enough that what sets its positions apart shows
-            if ".linear_attn." in name and "_proj" in name:
-                p.mul_(4.0)  # linear-attention layers loud enough that a state carried wrong shows
+            if (".linear_attn." in name or ".conv." in name) and "_proj" in name:
+                p.mul_(4.0)  # state-keeping layers loud enough that a state carried wrong shows
+            if name.endswith(".conv.conv.weight"):
+                p.mul_(16.0)  # LFM2's taps at transformers' 0.02 leave its convolution a whisper
         for name, b in [*model.named_parameters(), *model.named_buffers()]:
             if name.endswith("e_score_correction_bias"):  # a choice bias large enough to move the choice
                 b.copy_(torch.randn_like(b) * 0.5)

@@ -157,8 +157,9 @@ def test_the_convolution_carried_across_steps_equals_it_over_the_whole_sequence(
     torch.testing.assert_close(state[1], x[10:])
 
 
+@pytest.mark.parametrize("silu", [True, False])  # Qwen3.5's convolution, LFM2's
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_native_convolution_equals_the_reference(dtype):
+def test_the_native_convolution_equals_the_reference(dtype, silu):
     """kernels/csrc/linear_attention.cpp's conv on decode tokens and prompts (one shorter
     than the taps), fresh or carried: the outputs (rounded as a conv1d in the dtype rounds
     them, then SiLU) and the states."""
@@ -171,8 +172,8 @@ def test_the_native_convolution_equals_the_reference(dtype):
     starts = torch.tensor([0, 1, 2, 3, 20, 22])
     x, weight = torch.randn(22, channels, generator=gen).to(dtype), torch.randn(4, channels, generator=gen).to(dtype)
     want_state = state.clone()
-    want = reference.conv(want_state, slots, fresh, starts, x, weight)
-    got = cpu.conv(state, slots, fresh, starts, x, weight)
+    want = reference.conv(want_state, slots, fresh, starts, x, weight, silu)
+    got = cpu.conv(state, slots, fresh, starts, x, weight, silu)
     torch.testing.assert_close(state, want_state, rtol=0, atol=0)
     tol = 1e-5 if dtype == torch.float32 else 1e-2  # a bf16 unit where two roundings meet
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)

@@ -16,6 +16,7 @@ from engine import parallel
 from engine.models.arch import ArchSpec
 from engine.models.layers.attention import Attention
 from engine.models.layers.gated_delta import GatedDeltaNet
+from engine.models.layers.short_conv import ShortConv
 from engine.models.layers.mlp import MLP
 from engine.models.layers.moe import SparseMoE
 from engine.models.layers.norm import hidden_norm
@@ -74,10 +75,14 @@ class DecoderLayer(nn.Module):
         self.spec = spec
         # A linear-attention layer (Qwen3.5's, Qwen3-Next's) in place of attention: it reads
         # the sequence's state where the others read KV.
-        self.is_linear = spec.linear is not None and layer in spec.linear.layers
+        # A layer that keeps a state per sequence instead of KV (`is_linear`): Qwen3.5's
+        # linear attention, LFM2's short convolution, under their checkpoints' names.
+        self.is_linear = spec.stateful is not None and layer in spec.stateful.layers
         self.fused = False  # on the fused kernels (forward_fused); set by flatten
-        if self.is_linear:
+        if self.is_linear and spec.linear is not None:
             self.linear_attn = GatedDeltaNet(config.hidden_size, spec.linear, config.rms_norm_eps)
+        elif self.is_linear:
+            self.conv = ShortConv(config.hidden_size, spec.short_conv)
         else:
             self.self_attn = Attention(config, spec, layer, heads, tp)
         if spec.moe is not None and layer in spec.moe.layers:
@@ -99,7 +104,7 @@ class DecoderLayer(nn.Module):
 
         def attn(x: torch.Tensor) -> torch.Tensor:
             if self.is_linear:
-                return self.linear_attn(x, kv_cache, meta)
+                return self.mixer(x, kv_cache, meta)
             return self.self_attn(x, cos, sin, kv_cache, meta, q_scale)
 
         if norms == "pre":
@@ -116,6 +121,11 @@ class DecoderLayer(nn.Module):
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
         h = h + self.post_attention_layernorm(attn(h))
         return h + self.post_feedforward_layernorm(self.mlp(h))
+
+    @property
+    def mixer(self) -> GatedDeltaNet | ShortConv:
+        """A state-keeping layer's token mixer (one attribute per checkpoint name)."""
+        return self.linear_attn if hasattr(self, "linear_attn") else self.conv
 
     def flatten(self, ops: Any) -> None:
         """Plain references to what forward_fused uses, taken once the weights are final
@@ -139,7 +149,7 @@ class DecoderLayer(nn.Module):
         after = norms in ("sandwich", "post")  # the outputs' norms: post_attention_ and post_feedforward_layernorm
         self.flat = Flat(
             **(_attention_refs(attn, qk_norm) if attn is not None else _NO_ATTENTION),
-            mixer=self.linear_attn.forward if attn is None else None,
+            mixer=self.mixer.forward if attn is None else None,
             norm1=first.effective_weight() if first else None, eps1=first.eps if first else 0.0,
             norm2=second.effective_weight() if second else None, eps2=second.eps if second else 0.0,
             post_attn=self.post_attention_layernorm.effective_weight() if after else None,

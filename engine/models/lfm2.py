@@ -1,0 +1,70 @@
+"""LFM2 (Liquid): short-convolution layers (engine/models/layers/short_conv.py) between
+attention layers with per-head q/k norms, as `layer_types` says; a SwiGLU MLP whose size
+the config derives (`block_auto_adjust_ff_dim`); the final norm after the last layer
+(`embedding_norm`, despite its name). The convolution layers keep a state per sequence
+instead of KV, in the engine's state slots: such a model is served without the prefix
+cache, speculative decoding, parallelism or quantization (engine/config.py)."""
+
+from __future__ import annotations
+
+import copy
+
+from engine.errors import ParamError
+from engine.models.arch import ArchSpec, ShortConvSpec
+from engine.models.decoder import DecoderForCausalLM
+
+# Checkpoint names to ours, by part of the name (the attention's own out_proj only).
+NAMES = ((".self_attn.q_layernorm.", ".self_attn.q_norm."), (".self_attn.k_layernorm.", ".self_attn.k_norm."),
+         (".self_attn.out_proj.", ".self_attn.o_proj."), (".feed_forward.w1.", ".mlp.gate_proj."),
+         (".feed_forward.w3.", ".mlp.up_proj."), (".feed_forward.w2.", ".mlp.down_proj."),
+         (".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."))
+
+
+def _engine_config(config):
+    """The config as the shared layers read it (a copy): the MLP's size as LFM2 derives
+    it, and its norms' epsilon under the name the others use."""
+    config = copy.deepcopy(config)
+    inter = config.intermediate_size
+    if config.block_auto_adjust_ff_dim:
+        inter = int(2 * inter / 3)
+        if config.block_ffn_dim_multiplier is not None:
+            inter = int(config.block_ffn_dim_multiplier * inter)
+            inter = config.block_multiple_of * ((inter + config.block_multiple_of - 1) // config.block_multiple_of)
+    config.intermediate_size = inter
+    config.rms_norm_eps = config.norm_eps
+    return config
+
+
+def _layer_types(config) -> list[str]:
+    types = list(getattr(config, "layer_types", None) or ())
+    if not types and getattr(config, "full_attn_idxs", None) is not None:
+        types = ["full_attention" if i in config.full_attn_idxs else "conv" for i in range(config.num_hidden_layers)]
+    if len(types) != config.num_hidden_layers or set(types) - {"conv", "full_attention"}:
+        raise ParamError("model", f"lfm2 needs layer_types with conv or full_attention for each of its "
+                                  f"{config.num_hidden_layers} layers; it has {types!r}"[:300])
+    return types
+
+
+class Lfm2ForCausalLM(DecoderForCausalLM):
+    @classmethod
+    def spec(cls, config) -> ArchSpec:
+        if getattr(config, "conv_bias", False):
+            raise ParamError("model", "lfm2 with conv_bias is not supported: its short convolutions carry no bias here")
+        types = _layer_types(config)
+        conv = ShortConvSpec(frozenset(i for i, t in enumerate(types) if t == "conv"), int(config.conv_L_cache),
+                             config.hidden_size)
+        if conv.kernel < 2:
+            raise ParamError("model", f"conv_L_cache must be at least 2; it is {conv.kernel}")
+        return ArchSpec(qk_norm="head", short_conv=conv, windows=(0,) * config.num_hidden_layers, tp_ok=False)
+
+    @classmethod
+    def engine_config(cls, config):
+        return _engine_config(config)
+
+    @classmethod
+    def checkpoint_name(cls, name: str) -> str | None:
+        if name == "model.embedding_norm.weight":
+            return "model.norm.weight"
+        for theirs, ours in NAMES:
+            name = name.replace(theirs, ours)
+        return name
