@@ -325,6 +325,25 @@ def _mistral3(config: Any, get, tensors: dict[str, Any]) -> Any:
                             architectures=["Ministral3ForCausalLM"])
 
 
+def _lfm2(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """LFM2: its convolution layers where the per-layer KV head count is 0, their taps
+    (`shortconv.l_cache`), and the MLP's size as the converter derived it (so none is
+    derived again)."""
+    from transformers import Lfm2Config
+
+    fields = llama_fields(config)
+    counts = get("attention.head_count_kv")
+    if not isinstance(counts, list) or len(counts) != fields["num_hidden_layers"] or not any(counts):
+        raise ParamError("model", f"the GGUF file's attention.head_count_kv must hold a count per layer, 0 for a "
+                                  f"convolution, and one above 0; it is {counts!r}"[:300])
+    fields["num_key_value_heads"] = max(counts)
+    fields.pop("rms_norm_eps", None)
+    fields["norm_eps"] = float(get("attention.layer_norm_rms_eps", 1e-5))
+    return Lfm2Config(**fields, layer_types=["full_attention" if n else "conv" for n in counts],
+                      conv_L_cache=_need(get, "shortconv.l_cache"), block_auto_adjust_ff_dim=False,
+                      architectures=["Lfm2ForCausalLM"])
+
+
 def _qwen35moe(config: Any, get, tensors: dict[str, Any]) -> Any:
     """Qwen3.5's MoE models (`qwen35moe`): Qwen3.5's layers, experts on every one (renormalised,
     as transformers' always are) beside the shared expert, sized by the file's keys."""
@@ -367,7 +386,8 @@ BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": 
             "olmoe": _olmoe, "stablelm": _stablelm, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
             "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere, "starcoder2": _starcoder2, "apertus": _apertus,
             "hunyuan-dense": _hunyuan, "ernie4_5-moe": _ernie4_5_moe, "glm4moe": _glm4_moe, "dots1": _dots1,
-            "mistral3": _mistral3, "granitemoe": _granitemoe, "qwen35": _qwen35, "qwen35moe": _qwen35moe}
+            "mistral3": _mistral3, "granitemoe": _granitemoe, "qwen35": _qwen35, "qwen35moe": _qwen35moe,
+            "lfm2": _lfm2}
 # Those whose tensors are Llama's too (q and k interleaved as Llama's), which transformers'
 # reader converts; every other one's are the checkpoint's, only renamed
 # (engine/models/gguf_tensors.py convert_named).
@@ -375,9 +395,10 @@ LLAMA_TENSORS = ("smollm3", "granite", "arcee", "mistral3", "granitemoe")
 
 
 # Architectures whose GEMM weights are not read from the file's blocks: the conversion holds
-# them all, dequantized (Qwen3.5's linear layers read llama.cpp's V-head order, tiled for
-# ggml, back into the checkpoint's, and out_proj's columns with them, which blocks cannot).
-CONVERTED_WHOLE = ("qwen35", "qwen35moe")
+# them all, dequantized. Their state-keeping layers are served dense (Qwen3.5's also read
+# llama.cpp's V-head order, tiled for ggml, back into the checkpoint's, and out_proj's
+# columns with them, which blocks cannot).
+CONVERTED_WHOLE = ("qwen35", "qwen35moe", "lfm2")
 
 
 def tensor_config(arch: str, config: Any) -> Any:

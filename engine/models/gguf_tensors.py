@@ -101,6 +101,8 @@ def convert_named(path: Path, arch: str, config: Any, keep: Callable[[str], bool
             data = data[None]  # llama.cpp keeps a shared expert's gate as [hidden]; its Linear is [1, hidden]
         if config.model_type in LINEAR_ATTENTION:
             data = _linear_attention(config, theirs[t.name], data)
+        elif theirs[t.name].endswith(".conv.conv.weight"):
+            data = data[:, None, :]  # LFM2's taps: the converter dropped the channel dim
         elif theirs[t.name].endswith("norm.weight") and config.model_type in NORM_ADDED:
             data -= NORM_ADDED[config.model_type]
         out[theirs[t.name]] = data

@@ -79,6 +79,7 @@ GGUF_OVERRIDES = {
     "granitemoeshared": dict(intermediate_size=64, shared_intermediate_size=64),
     "qwen3_5_text": dict(),  # two key heads shared by four value heads: the converter's tiling undone
     "qwen3_5_moe_text": dict(moe_intermediate_size=64),
+    "lfm2": dict(),  # its MLP size derived (192 -> 128): the file holds the derived one
 }
 
 
@@ -132,7 +133,7 @@ def test_a_gguf_gives_transformers_tokens_on_its_checkpoint(model_type, written)
 
 # Config fields a rebuilt config must carry over: a logit scale changes no argmax, but it
 # changes every logprob and every sampled token.
-RESTORED = ("logit_scale", "layer_norm_eps", "rms_norm_eps", "layer_types", "sliding_window", "attention_bias",
+RESTORED = ("logit_scale", "layer_norm_eps", "rms_norm_eps", "norm_eps", "layer_types", "sliding_window", "attention_bias",
             "use_bias", "tie_word_embeddings", "head_dim", "rope_parameters")
 # ... but for HunYuan, whose converter writes its NTK alpha as the stretched base it gives:
 # the same rotary under other parameters.

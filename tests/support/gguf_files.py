@@ -24,7 +24,7 @@ GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen
              "nemotron": "NEMOTRON", "olmoe": "OLMOE", "stablelm": "STABLELM",
              "apertus": "APERTUS", "hunyuan_v1_dense": "HUNYUAN_DENSE", "ernie4_5_moe": "ERNIE4_5_MOE",
              "glm4_moe": "GLM4_MOE", "dots1": "DOTS1", "ministral3": "MISTRAL3", "granitemoe": "GRANITE_MOE",
-             "granitemoeshared": "GRANITE_MOE", "qwen3_5_text": "QWEN35", "qwen3_5_moe_text": "QWEN35MOE"}
+             "granitemoeshared": "GRANITE_MOE", "qwen3_5_text": "QWEN35", "qwen3_5_moe_text": "QWEN35MOE", "lfm2": "LFM2"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -87,12 +87,21 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
+    if config.model_type == "lfm2":  # the size its converter derives
+        inter = int(2 * config.intermediate_size / 3)
+        inter = config.block_multiple_of * -(-int(config.block_ffn_dim_multiplier * inter) // config.block_multiple_of)
+        writer.add_feed_forward_length(inter)
+    else:
+        writer.add_feed_forward_length(config.intermediate_size)
     writer.add_block_count(layers + mtp_layers)
     if mtp_layers:
         writer.add_nextn_predict_layers(mtp_layers)
     writer.add_head_count(heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
+    if config.model_type == "lfm2":  # a KV head count per layer, 0 for a convolution, and the taps
+        writer.add_head_count_kv([0 if t == "conv" else config.num_key_value_heads for t in config.layer_types])
+        writer.add_shortconv_l_cache(config.conv_L_cache)
+    else:
+        writer.add_head_count_kv(config.num_key_value_heads)
     if config.model_type in ("cohere", "cohere2"):  # LayerNorm, and a logit scale
         writer.add_layer_norm_eps(config.layer_norm_eps)
         writer.add_logit_scale(config.logit_scale)
@@ -101,6 +110,8 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     elif config.model_type == "nemotron":  # LayerNorm, and its partial rotary in dims
         writer.add_layer_norm_eps(config.norm_eps)
         writer.add_rope_dimension_count(int(head_dim * config.rope_parameters["partial_rotary_factor"]))
+    elif config.model_type == "lfm2":
+        writer.add_layer_norm_rms_eps(config.norm_eps)
     elif config.model_type == "stablelm":  # the same, and the parallel-residual flag
         writer.add_layer_norm_eps(config.layer_norm_eps)
         writer.add_rope_dimension_count(int(head_dim * config.rope_parameters["partial_rotary_factor"]))
@@ -211,6 +222,8 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         if config.model_type in ("gemma", "gemma2", "gemma3_text", "nemotron", "qwen3_5_text", "qwen3_5_moe_text") \
                 and hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
             data = data + 1  # the converter stores Gemma's, Nemotron's and Qwen3.5's (1 + w)
+        if hf_name.endswith(".conv.conv.weight") and config.model_type == "lfm2":
+            data = data.squeeze(1)  # its converter keeps the taps 2-D
         if hf_name.endswith("shared_expert_gate.weight"):
             data = data.squeeze(0)  # llama.cpp reads ffn_gate_inp_shexp as [hidden]
         if gguf_name.endswith("attn_sinks"):
