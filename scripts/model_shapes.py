@@ -32,9 +32,19 @@ SHAPES: dict[str, dict] = {
                          linear_value_head_dim=128, linear_conv_kernel_dim=4,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
                                           "partial_rotary_factor": 0.25}),
+    # LFM2-1.2B's sizes as published (16 layers, hidden 2048, attention at layers 2, 5, 8,
+    # 10, 12 and 14 with 32 query and 8 KV heads of 64, short convolutions of 3 taps on the
+    # other ten; the MLP 12,288 wide before LFM2 derives its 8,192; 65,536 tokens, tied).
+    "lfm2-1.2b": dict(model_type="lfm2", hidden_size=2048, intermediate_size=12288, num_hidden_layers=16,
+                      num_attention_heads=32, num_key_value_heads=8, vocab_size=65536, tie_word_embeddings=True,
+                      layer_types=["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)],
+                      conv_L_cache=3, block_auto_adjust_ff_dim=True, block_multiple_of=256,
+                      block_ffn_dim_multiplier=1.0, norm_eps=1e-5,
+                      block_dim=2048, conv_dim=2048, block_ff_dim=12288),  # the published config's, which vLLM reads
 }
 
-ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM"}
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM",
+                 "lfm2": "Lfm2ForCausalLM"}
 
 
 def write(shape: str, out: Path) -> Path:
@@ -48,8 +58,10 @@ def write(shape: str, out: Path) -> Path:
         sizes["layer_types"] = [pattern[i % len(pattern)] for i in range(sizes["num_hidden_layers"])]
     if "rope_parameters" not in sizes:
         sizes["rope_theta"] = 1000000.0
-    config = AutoConfig.for_model(model_type, **sizes, max_position_embeddings=40960, rms_norm_eps=1e-6,
-                                  bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+    if model_type != "lfm2":  # LFM2 names its epsilon norm_eps
+        sizes["rms_norm_eps"] = 1e-6
+    config = AutoConfig.for_model(model_type, **sizes, max_position_embeddings=40960, bos_token_id=1, eos_token_id=2,
+                                  torch_dtype="bfloat16")
     config.architectures = [ARCHITECTURES[model_type]]
     config.save_pretrained(out)
     save_tokenizer(out, sizes["vocab_size"])

@@ -1,8 +1,9 @@
 """Random-weight GGUF files of the benchmark shapes (scripts/model_shapes.py), for batch-1
 decode against llama.cpp's llama-server on the same file: written with the gguf package
-as llama.cpp's converter names and lays out a Qwen3 or Qwen3-MoE checkpoint (experts
-merged per layer), in F16, then quantized by llama.cpp's own llama-quantize (Q4_K_M, a
-mix of Q4_K and Q6_K) or written as Q8_0 directly. Nothing is downloaded.
+as llama.cpp's converter names and lays out a Qwen3, Qwen3-MoE (experts merged per
+layer), Qwen3.5 or LFM2 checkpoint, in F16, then quantized by llama.cpp's own
+llama-quantize (Q4_K_M, a mix of Q4_K and Q6_K), or written as BF16 or Q8_0 directly.
+Nothing is downloaded.
 
     python scripts/shape_gguf.py qwen3-moe-1.2b Q4_K_M /tmp/moe-q4km.gguf
     python scripts/shape_gguf.py qwen3-0.6b Q8_0 /tmp/q06-q8.gguf
@@ -37,6 +38,8 @@ def write(shape: str, out: Path, qtype: str = "F16") -> Path:
     s = dict(SHAPES[shape])
     moe = s.get("model_type") == "qwen3_moe"
     hybrid = s.get("model_type") == "qwen3_5_text"
+    if s.get("model_type") == "lfm2":
+        return _write_lfm2(s, out, qtype)
     arch = gguf.MODEL_ARCH.QWEN3MOE if moe else gguf.MODEL_ARCH.QWEN35 if hybrid else gguf.MODEL_ARCH.QWEN3
     h, layers, heads, kv, d = (s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"],
                                s["num_key_value_heads"], s["head_dim"])
@@ -106,6 +109,68 @@ def write(shape: str, out: Path, qtype: str = "F16") -> Path:
             add(p + "ffn_gate.weight", (inter, h))
             add(p + "ffn_up.weight", (inter, h))
             add(p + "ffn_down.weight", (h, inter))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _write_lfm2(s: dict, out: Path, qtype: str) -> Path:
+    """The LFM2 shape as llama.cpp's converter writes it: a KV head count per layer (0 for a
+    convolution), the taps, the MLP size it derives; each convolution's in_proj (B, C, x),
+    taps (2-D, fp32) and out_proj; the final norm as token_embd_norm."""
+    import gguf
+
+    h, layers, heads, kv = s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"], s["num_key_value_heads"]
+    d = h // heads
+    inter = int(2 * s["intermediate_size"] / 3)
+    inter = s["block_multiple_of"] * -(-int(s["block_ffn_dim_multiplier"] * inter) // s["block_multiple_of"])
+    writer = gguf.GGUFWriter(out, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LFM2])
+    writer.add_context_length(40960)
+    writer.add_embedding_length(h)
+    writer.add_feed_forward_length(inter)
+    writer.add_block_count(layers)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv([0 if t == "conv" else kv for t in s["layer_types"]])
+    writer.add_shortconv_l_cache(s["conv_L_cache"])
+    writer.add_layer_norm_rms_eps(s["norm_eps"])
+    writer.add_rope_freq_base(1000000.0)
+    writer.add_vocab_size(s["vocab_size"])
+    byte_tokenizer(writer, vocab=s["vocab_size"])
+    rng = np.random.default_rng(0)
+    kind = getattr(gguf.GGMLQuantizationType, qtype)
+
+    def add(name: str, shape: tuple[int, ...], norm: bool = False, dense: bool = False) -> None:
+        if norm:
+            writer.add_tensor(name, np.ones(shape, dtype=np.float32))
+            return
+        data = rng.standard_normal(shape, dtype=np.float32) * 0.02
+        if qtype in ("Q8_0", "BF16") and not dense:
+            writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, data.astype(np.float16 if qtype == "F16" and not dense else np.float32))
+
+    add("token_embd.weight", (s["vocab_size"], h))
+    add("token_embd_norm.weight", (h,), norm=True)
+    for i, kind_of in enumerate(s["layer_types"]):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", (h,), norm=True)
+        add(p + "ffn_norm.weight", (h,), norm=True)
+        if kind_of == "conv":
+            add(p + "shortconv.in_proj.weight", (3 * h, h))
+            add(p + "shortconv.conv.weight", (h, s["conv_L_cache"]), dense=True)
+            add(p + "shortconv.out_proj.weight", (h, h))
+        else:
+            add(p + "attn_q.weight", (heads * d, h))
+            add(p + "attn_k.weight", (kv * d, h))
+            add(p + "attn_v.weight", (kv * d, h))
+            add(p + "attn_output.weight", (h, heads * d))
+            add(p + "attn_q_norm.weight", (d,), norm=True)
+            add(p + "attn_k_norm.weight", (d,), norm=True)
+        add(p + "ffn_gate.weight", (inter, h))
+        add(p + "ffn_up.weight", (inter, h))
+        add(p + "ffn_down.weight", (h, inter))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
