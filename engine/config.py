@@ -221,7 +221,7 @@ class Placement:
 
         spec = registry.model_class(hf_config).spec(hf_config)
         if spec.stateful is not None:
-            _check_linear_attention(config, hf_config)
+            _check_state_layers(config, hf_config)
         if config.tensor_parallel_size > 1 and not spec.tp_ok:
             raise ParamError("tensor_parallel_size", f"{hf_config.model_type} is not served under tensor "
                              "parallelism: one of its layers spans every attention head")
@@ -249,7 +249,7 @@ class ResolvedConfig:
     max_positions: int  # rotary table length
     num_blocks: int
     kv_groups: KVGroups  # which layers share a block table (engine/kv_groups.py)
-    # Linear-attention models: the state slots, one per sequence that may run (so also the
+    # State-keeping models: the state slots, one per sequence that may run (so also the
     # running cap: `max_num_seqs`), whose bytes come out of the cache's budget before the
     # blocks; 0 for every other model.
     state_slots: int = 0
@@ -297,25 +297,25 @@ class ResolvedConfig:
         return cls(device, dtype, attention_backend, max_model_len, positions, num_blocks, groups, state_slots)
 
 
-def _check_linear_attention(config: EngineConfig, hf_config: Any) -> None:
-    """What a model with linear-attention layers cannot do, refused by name: their state is
-    one per sequence at its last token, so a draft's rejected tokens cannot be taken back
-    out of it, and it is neither split across ranks nor handed between stages. The prefix
-    cache is off for it (cached blocks cannot restore a state); that is said, not refused,
-    as the option is on by default."""
+def _check_state_layers(config: EngineConfig, hf_config: Any) -> None:
+    """What a model with state-keeping layers (linear attention, short convolutions) cannot
+    do, refused by name: their state is one per sequence at its last token, so a draft's
+    rejected tokens cannot be taken back out of it, and it is neither split across ranks
+    nor handed between stages. The prefix cache is off for it (cached blocks cannot restore
+    a state); that is said, not refused, as the option is on by default."""
     name = hf_config.model_type
     if config.quantization is not None:
-        raise ParamError("quantization", f"{name} is not served quantized yet: its linear-attention layers "
+        raise ParamError("quantization", f"{name} is not served quantized yet: its state-keeping layers "
                          "read their weights dense (a GGUF's dequantized)")
     if config.speculative_config is not None:
         raise ParamError("speculative_config", f"{name} is not served with speculative decoding: its "
-                         "linear-attention layers' state cannot take back rejected tokens")
+                         "state-keeping layers cannot take rejected tokens back out of their state")
     for field in ("tensor_parallel_size", "pipeline_parallel_size"):
         if getattr(config, field) > 1:
-            raise ParamError(field, f"{name} is not served under parallelism: its linear-attention layers "
+            raise ParamError(field, f"{name} is not served under parallelism: its state-keeping layers "
                              "keep their state on one rank")
     if config.enable_prefix_caching:
-        logger.info("prefix caching is off for %s: its linear-attention layers keep a state that cached KV "
+        logger.info("prefix caching is off for %s: its state-keeping layers keep a state that cached KV "
                     "blocks cannot restore", name)
 
 
@@ -376,7 +376,7 @@ def _budget(config: EngineConfig, device: torch.device, pending_bytes: int) -> i
 
 
 def _state_slots(config: EngineConfig, per_sequence: int, budget: int) -> int:
-    """How many sequences a linear-attention model runs at once: one state slot each, for
+    """How many sequences a state-keeping model runs at once: one state slot each, for
     max_num_seqs. Where max_num_seqs is the default, no more than half the budget holds
     (a Qwen3.5-4B's 64 sequences would take 3.3 GB of the CPU's 2 GiB default), and the
     engine runs that many, saying so; one the user set is kept, and refused by
@@ -385,7 +385,7 @@ def _state_slots(config: EngineConfig, per_sequence: int, budget: int) -> int:
     if "max_num_seqs" in config.model_fields_set or slots * per_sequence <= budget // 2:
         return slots
     fit = max(1, budget // 2 // per_sequence)
-    logger.info("max_num_seqs is %d here: each sequence's linear-attention state takes %d bytes, and the states "
+    logger.info("max_num_seqs is %d here: each sequence's state takes %d bytes, and the states "
                 "get half of the %d-byte cache budget (set max_num_seqs or kv_cache_memory_bytes to choose)",
                 fit, per_sequence, budget)
     return fit
@@ -395,7 +395,7 @@ def _num_blocks(config: EngineConfig, budget: int, block_bytes: int, state_slots
                 state_bytes: int = 0) -> int:
     if state_bytes and budget - state_bytes < block_bytes:
         raise ParamError("kv_cache_memory_bytes",
-                         f"the cache budget ({budget} bytes) does not hold the linear-attention states of "
+                         f"the cache budget ({budget} bytes) does not hold the per-sequence states of "
                          f"max_num_seqs ({state_slots}) sequences ({state_bytes} bytes) and a KV block "
                          f"({block_bytes} bytes); raise the budget or lower max_num_seqs")
     budget -= state_bytes

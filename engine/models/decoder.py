@@ -146,13 +146,13 @@ class DecoderForCausalLM(nn.Module):
     def graph_safe(self) -> bool:
         """Whether a forward pass runs without asking the host anything, so a CUDA graph
         can hold it (engine/cuda_graphs.py): an expert layer counts its tokens per expert
-        on the host."""
-        return self.arch.moe is None and self.arch.linear is None
+        on the host, a state-keeping layer reads its sequences' bounds there."""
+        return self.arch.moe is None and self.arch.stateful is None
 
     @property
     def attention(self):
         """An attention module of this stage (their head counts and sizes are all alike);
-        the first layer of a hybrid model may be a linear-attention one."""
+        the first layer of a hybrid model may be a state-keeping one."""
         return next(layer.self_attn for layer in self.layers if not layer.is_linear)
 
     @property

@@ -108,7 +108,7 @@ def model_class(config) -> type[DecoderForCausalLM]:
 
 
 def layer_windows(config) -> tuple[int, ...]:
-    """Each KV layer's sliding window, 0 where it sees the whole sequence (linear-attention
+    """Each KV layer's sliding window, 0 where it sees the whole sequence (state-keeping
     layers keep no KV, and have none)."""
     spec = model_class(config).spec(config)
     return tuple(spec.windows[i] for i in spec.kv_layers(config.num_hidden_layers))

@@ -101,7 +101,7 @@ def test_the_states_come_out_of_the_cache_budget_and_kv_counts_attention_layers_
 def test_what_a_state_cannot_do_is_refused_by_name(path, field, value):
     with pytest.raises(ParamError) as e:
         LLM(str(path), dtype="float32", max_model_len=64, **{field: value})
-    assert e.value.param == field and "linear-attention" in str(e.value)
+    assert e.value.param == field and "state-keeping" in str(e.value)
 
 
 def test_the_multimodal_checkpoints_language_model_is_served(tmp_path, default_model_dir):
@@ -148,4 +148,4 @@ def test_a_quantized_engine_is_refused_by_name(path):
     ignored."""
     with pytest.raises(ParamError) as e:
         LLM(str(path), max_model_len=64, quantization="int8")
-    assert e.value.param == "quantization" and "linear-attention" in str(e.value)
+    assert e.value.param == "quantization" and "state-keeping" in str(e.value)

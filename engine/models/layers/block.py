@@ -38,8 +38,8 @@ class Flat:
     layer_norm: Callable[[torch.Tensor], torch.Tensor] | None
     layer_norm2: Callable[[torch.Tensor], torch.Tensor] | None
     parallel: bool
-    # A linear-attention layer's whole token mixer (projections in and out), in place of the
-    # attention's references below, which it leaves neutral.
+    # A state-keeping layer's whole token mixer (linear attention or a short convolution,
+    # projections in and out), in place of the attention's references below, left neutral.
     mixer: Callable[..., torch.Tensor] | None
     qkv: Callable[[torch.Tensor], torch.Tensor] | None
     qk_norm: torch.Tensor | None  # [H + Hkv, D]: the q heads' norm weight, then the k heads'
@@ -73,8 +73,6 @@ class DecoderLayer(nn.Module):
     def __init__(self, config, spec: ArchSpec, layer: int, heads: parallel.Heads, tp: parallel.Group) -> None:
         super().__init__()
         self.spec = spec
-        # A linear-attention layer (Qwen3.5's, Qwen3-Next's) in place of attention: it reads
-        # the sequence's state where the others read KV.
         # A layer that keeps a state per sequence instead of KV (`is_linear`): Qwen3.5's
         # linear attention, LFM2's short convolution, under their checkpoints' names.
         self.is_linear = spec.stateful is not None and layer in spec.stateful.layers
@@ -188,7 +186,7 @@ class DecoderLayer(nn.Module):
             if pending is not None:
                 residual.add_(pending)
             x = f.layer_norm(residual) if f.layer_norm is not None else residual
-        if f.mixer is not None:  # a linear-attention layer: its mixer whole, then the MLP as any layer's
+        if f.mixer is not None:  # a state-keeping layer: its mixer whole, then the MLP as any layer's
             out = f.mixer(x, kv_cache, meta)
             if keep is not None:
                 out, residual = out[keep], residual[keep]
@@ -255,7 +253,7 @@ def _attention_refs(attn: Attention, qk_norm: torch.Tensor | None) -> dict[str, 
                 reduce=attn.tp.all_reduce if attn.tp.size > 1 else None)
 
 
-# A linear-attention layer's Flat: no attention (its mixer is whole), no tensor parallelism.
+# A state-keeping layer's Flat: no attention (its mixer is whole), no tensor parallelism.
 _NO_ATTENTION: dict[str, Any] = dict(qkv=None, qk_norm=None, qk_eps=0.0, qk_all=None, qk_rotated=None, o=None,
                                      heads=0, kv_heads=0, head_dim=0, q_size=0, v_at=0, scale=0.0, window=0,
                                      softcap=0.0, sinks=None, reduce=None)

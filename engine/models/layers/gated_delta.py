@@ -4,9 +4,10 @@ Hatamizadeh, ICLR 2025) over per-sequence state slots instead of a KV cache.
 A sequence's whole past lives in two tensors per layer, whatever its length: the last
 k - 1 inputs of the causal convolution, and the gated delta rule's fp32 state per value
 head, a dk x dv matrix that each token decays, corrects towards its value and reads
-(kernels/reference.py's delta_rule says how; the native kernel does it in one pass). The engine gives each running sequence a slot
-(engine/state_slots.py); a sequence whose first new token is at position 0 starts from
-zeros, so a preempted one recomputed from its prompt needs nothing reset.
+(kernels/reference.py's delta_rule says how; the native kernel does it in one pass). The
+engine gives each running sequence a slot (engine/state_slots.py); a sequence whose first
+new token is at position 0 starts from zeros, so a preempted one recomputed from its
+prompt needs nothing reset.
 """
 
 from __future__ import annotations
