@@ -70,17 +70,7 @@ def write(shape: str, out: Path, qtype: str = "F16") -> Path:
         writer.add_expert_feed_forward_length(s["moe_intermediate_size"])
     byte_tokenizer(writer, vocab=s["vocab_size"])
     rng = np.random.default_rng(0)
-    kind = getattr(gguf.GGMLQuantizationType, qtype)
-
-    def add(name: str, shape: tuple[int, ...], norm: bool = False) -> None:
-        if norm:
-            writer.add_tensor(name, np.ones(shape, dtype=np.float32))
-            return
-        data = (rng.standard_normal(shape, dtype=np.float32) * 0.02)
-        if qtype in ("Q8_0", "BF16") and len(shape) > 1:
-            writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
-        else:
-            writer.add_tensor(name, data.astype(np.float16 if qtype == "F16" and len(shape) > 1 else np.float32))
+    add = _adder(writer, qtype, rng)
 
     v = s["vocab_size"]
     add("token_embd.weight", (v, h))
@@ -109,6 +99,32 @@ def write(shape: str, out: Path, qtype: str = "F16") -> Path:
             add(p + "ffn_gate.weight", (inter, h))
             add(p + "ffn_up.weight", (inter, h))
             add(p + "ffn_down.weight", (h, inter))
+    return _close(writer, out)
+
+
+def _adder(writer, qtype: str, rng: np.random.Generator):
+    """add(name, shape): a tensor of N(0, 0.02) in `qtype` (ones with `norm`; fp32 when
+    `dense` or 1-D, as the converter keeps norms, biases and convolution taps)."""
+    import gguf
+
+    kind = getattr(gguf.GGMLQuantizationType, qtype)
+
+    def add(name: str, shape: tuple[int, ...], norm: bool = False, dense: bool = False) -> None:
+        if norm:
+            writer.add_tensor(name, np.ones(shape, dtype=np.float32))
+            return
+        data = rng.standard_normal(shape, dtype=np.float32) * 0.02
+        if dense or len(shape) == 1:
+            writer.add_tensor(name, data)
+        elif qtype in ("Q8_0", "BF16"):
+            writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, data.astype(np.float16 if qtype == "F16" else np.float32))
+
+    return add
+
+
+def _close(writer, out: Path) -> Path:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -138,18 +154,7 @@ def _write_lfm2(s: dict, out: Path, qtype: str) -> Path:
     writer.add_rope_freq_base(1000000.0)
     writer.add_vocab_size(s["vocab_size"])
     byte_tokenizer(writer, vocab=s["vocab_size"])
-    rng = np.random.default_rng(0)
-    kind = getattr(gguf.GGMLQuantizationType, qtype)
-
-    def add(name: str, shape: tuple[int, ...], norm: bool = False, dense: bool = False) -> None:
-        if norm:
-            writer.add_tensor(name, np.ones(shape, dtype=np.float32))
-            return
-        data = rng.standard_normal(shape, dtype=np.float32) * 0.02
-        if qtype in ("Q8_0", "BF16") and not dense:
-            writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
-        else:
-            writer.add_tensor(name, data.astype(np.float16 if qtype == "F16" and not dense else np.float32))
+    add = _adder(writer, qtype, np.random.default_rng(0))
 
     add("token_embd.weight", (s["vocab_size"], h))
     add("token_embd_norm.weight", (h,), norm=True)
@@ -171,11 +176,7 @@ def _write_lfm2(s: dict, out: Path, qtype: str) -> Path:
         add(p + "ffn_gate.weight", (inter, h))
         add(p + "ffn_up.weight", (inter, h))
         add(p + "ffn_down.weight", (h, inter))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    return _close(writer, out)
 
 
 def _linear_layer(s: dict, p: str, add, writer, rng: np.random.Generator) -> None:
@@ -192,9 +193,7 @@ def _linear_layer(s: dict, p: str, add, writer, rng: np.random.Generator) -> Non
     add(p + "ssm_norm.weight", (dv,), norm=True)
     add(p + "ssm_dt.bias", (nv,), norm=True)
     writer.add_tensor(p + "ssm_a", -rng.uniform(0.01, 16, nv).astype(np.float32))
-    # fp32, as llama.cpp's converter keeps it (ggml's ssm_conv reads no other type)
-    writer.add_tensor(p + "ssm_conv1d.weight",
-                      (rng.standard_normal((conv, s["linear_conv_kernel_dim"]), dtype=np.float32) * 0.02))
+    add(p + "ssm_conv1d.weight", (conv, s["linear_conv_kernel_dim"]), dense=True)  # ggml's ssm_conv reads fp32 only
     add(p + "attn_qkv.weight", (conv, h))
     add(p + "attn_gate.weight", (nv * dv, h))
     add(p + "ssm_beta.weight", (nv, h))

@@ -7,9 +7,9 @@ from __future__ import annotations
 from engine.models.arch import ArchSpec
 from engine.models.decoder import DecoderForCausalLM
 from engine.models.gemma2 import gemma_spec
+from engine.models.text_part import text_name
 
 # Where a multimodal Gemma 3 checkpoint keeps its language model's tensors.
-TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.")
 VISION_PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.")
 
 
@@ -21,9 +21,4 @@ class Gemma3ForCausalLM(DecoderForCausalLM):
 
     @classmethod
     def checkpoint_name(cls, name: str) -> str | None:
-        if name.startswith(VISION_PREFIXES):
-            return None
-        for prefix in TEXT_PREFIXES:
-            if name.startswith(prefix):
-                return "model." + name.removeprefix(prefix)
-        return name
+        return text_name(name, VISION_PREFIXES)

@@ -19,9 +19,10 @@ import torch
 from engine.errors import ParamError
 from engine.models.arch import ArchSpec, LinearAttnSpec, moe_spec
 from engine.models.decoder import DecoderForCausalLM
+from engine.models.text_part import text_name
 
-TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.")
-VISION_PREFIXES = ("model.visual.", "visual.", "mtp.")
+# The vision tower, and the multi-token-prediction head (for speculation, not served).
+OTHER_PARTS = ("model.visual.", "visual.", "mtp.")
 
 
 def linear_spec(config) -> LinearAttnSpec:
@@ -59,12 +60,7 @@ class Qwen3_5ForCausalLM(DecoderForCausalLM):
 
     @classmethod
     def checkpoint_name(cls, name: str) -> str | None:
-        if name.startswith(VISION_PREFIXES):
-            return None
-        for prefix in TEXT_PREFIXES:
-            if name.startswith(prefix):
-                return "model." + name.removeprefix(prefix)
-        return name
+        return text_name(name, OTHER_PARTS)
 
 
 class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
