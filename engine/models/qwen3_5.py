@@ -1,18 +1,18 @@
-"""Qwen3.5 (text) and Qwen3-Next: three linear-attention layers (Gated DeltaNet) to every attention layer,
-as `layer_types` says. Its attention layers are Qwen3's with a sigmoid gate on each head's
-output and a quarter of each head turned by the rotary; every RMSNorm but the linear
-layers' own multiplies by (1 + w). The multimodal checkpoints' language model is served as
-this; their vision tower is not loaded (their text positions turn as the plain rotary
-does: every M-RoPE section reads the same position).
+"""Qwen3.5 (text) and Qwen3-Next: three linear-attention layers (Gated DeltaNet) to every
+attention layer, as `layer_types` says. Its attention layers are Qwen3's with a sigmoid
+gate on each head's output and a quarter of each head turned by the rotary; every RMSNorm
+but the linear layers' own multiplies by (1 + w). The multimodal checkpoints' language
+model is served as this; their vision tower is not loaded (their text positions turn as
+the plain rotary does: every M-RoPE section reads the same position).
 
 The linear layers keep a state per sequence instead of KV, which the engine holds in slots
-(engine/state_slots.py): such a model is served without the prefix cache, speculative
-decoding or parallelism (engine/config.py refuses the last two by name).
+(engine/state_slots.py): such a model is served without the prefix cache, and
+engine/config.py refuses speculative decoding, parallelism and quantization for it by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -56,6 +56,8 @@ class Qwen3_5ForCausalLM(DecoderForCausalLM):
     def spec(cls, config) -> ArchSpec:
         if getattr(config, "attention_bias", False):
             raise ParamError("model", f"{config.model_type} with attention_bias is not supported")
+        if getattr(config, "attn_output_gate", True) is False:  # every released config gates
+            raise ParamError("model", f"{config.model_type} with attn_output_gate false is not supported")
         return qwen3_5_spec(config)
 
     @classmethod
@@ -91,7 +93,8 @@ class Qwen3NextForCausalLM(Qwen3_5ForCausalLM):
                            shared_inter=int(config.shared_expert_intermediate_size or 0))
         return qwen3_5_spec(config, moe=moe)
 
-    def load_weights(self, weights: Iterable[tuple[str, object]], absent=None) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, object]], absent: Callable[[str], bool] | None = None
+                     ) -> None:
         super().load_weights(self._regrouped(weights), absent)
 
     def _regrouped(self, weights: Iterable[tuple[str, object]]) -> Iterator[tuple[str, object]]:
