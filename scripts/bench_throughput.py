@@ -277,7 +277,8 @@ def main() -> None:
     ap.add_argument("--fixed", default=None, metavar="IN,OUT", type=fixed_sizes,
                     help="random workload with every prompt IN tokens and every output OUT (256,1: prefill only)")
     ap.add_argument("--speculative", default=None, help="a speculative_config (JSON) to run beside the plain engine")
-    ap.add_argument("--shape", default=None, choices=["qwen3-0.6b", "qwen3-1.7b", "qwen3-moe-1.2b", "qwen3.5-0.8b", "lfm2-1.2b"],
+    ap.add_argument("--shape", default=None,
+                    choices=["qwen3-0.6b", "qwen3-1.7b", "qwen3-moe-1.2b", "qwen3.5-0.8b", "lfm2-1.2b"],
                     help="random weights of this shape on both sides instead of --model")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()

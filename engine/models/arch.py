@@ -109,7 +109,8 @@ class LinearAttnSpec:
         """Per sequence and layer, each state tensor's shape and whether it is fp32 (else the
         model's dtype): the convolution's last inputs (k - 1, channels), the delta rule's
         state (heads, dk, dv) in fp32, as transformers keeps it."""
-        return ((self.conv_kernel - 1, self.conv_channels), False), ((self.value_heads, self.key_dim, self.value_dim), True)
+        return (((self.conv_kernel - 1, self.conv_channels), False),
+                ((self.value_heads, self.key_dim, self.value_dim), True))
 
     def state_bytes(self, dtype: torch.dtype) -> int:
         return _state_bytes(self.layers, self.state_layout(), dtype)

@@ -75,7 +75,9 @@ at::Tensor conv(at::Tensor& state, const at::Tensor& slots, const at::Tensor& fr
           for (int64_t j = 0; j < K - 1; ++j) std::fill(s + j * C, s + j * C + m, static_cast<scalar_t>(0.f));
         }
         // input p of this sequence (p < 0: the state's row k - 1 + p)
-        auto input = [&](int64_t p) -> const scalar_t* { return p < 0 ? s + (K - 1 + p) * C : xp + (first + p) * C + lo; };
+        auto input = [&](int64_t p) -> const scalar_t* {
+          return p < 0 ? s + (K - 1 + p) * C : xp + (first + p) * C + lo;
+        };
         for (int64_t t = 0; t < last - first; ++t) {
           _Pragma("omp simd") for (int64_t c = 0; c < m; ++c) a[c] = 0.f;
           for (int64_t j = 0; j < K; ++j) {

@@ -133,8 +133,8 @@ def test_a_gguf_gives_transformers_tokens_on_its_checkpoint(model_type, written)
 
 # Config fields a rebuilt config must carry over: a logit scale changes no argmax, but it
 # changes every logprob and every sampled token.
-RESTORED = ("logit_scale", "layer_norm_eps", "rms_norm_eps", "norm_eps", "layer_types", "sliding_window", "attention_bias",
-            "use_bias", "tie_word_embeddings", "head_dim", "rope_parameters")
+RESTORED = ("logit_scale", "layer_norm_eps", "rms_norm_eps", "norm_eps", "layer_types", "sliding_window",
+            "attention_bias", "use_bias", "tie_word_embeddings", "head_dim", "rope_parameters")
 # ... but for HunYuan, whose converter writes its NTK alpha as the stretched base it gives:
 # the same rotary under other parameters.
 NOT_RESTORED = {"hunyuan_v1_dense": ("rope_parameters",)}

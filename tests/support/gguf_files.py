@@ -24,7 +24,8 @@ GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen
              "nemotron": "NEMOTRON", "olmoe": "OLMOE", "stablelm": "STABLELM",
              "apertus": "APERTUS", "hunyuan_v1_dense": "HUNYUAN_DENSE", "ernie4_5_moe": "ERNIE4_5_MOE",
              "glm4_moe": "GLM4_MOE", "dots1": "DOTS1", "ministral3": "MISTRAL3", "granitemoe": "GRANITE_MOE",
-             "granitemoeshared": "GRANITE_MOE", "qwen3_5_text": "QWEN35", "qwen3_5_moe_text": "QWEN35MOE", "lfm2": "LFM2"}
+             "granitemoeshared": "GRANITE_MOE", "qwen3_5_text": "QWEN35", "qwen3_5_moe_text": "QWEN35MOE",
+             "lfm2": "LFM2"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -181,7 +182,8 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     if config.model_type == "glm4_moe":
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
-    if config.model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "ernie4_5_moe", "glm4_moe", "dots1", "qwen3_5_moe_text"):
+    if config.model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "ernie4_5_moe", "glm4_moe", "dots1",
+                             "qwen3_5_moe_text"):
         count = getattr(config, EXPERT_KEYS[config.model_type][0])
         tensors = _merge_experts(tensors, config.num_hidden_layers, count)
     if config.model_type in ("ernie4_5_moe", "glm4_moe", "dots1"):  # as its converter renames it for the name map
