@@ -293,8 +293,10 @@ class ModelRunner:
         for tables, slots in zip(step.group_tables, step.group_slots):
             out.append(self.meta(tables, slots, step.num_decodes, lens, qsl))
         if step.state_slots.shape[0]:
+            qsl = step.query_start_loc
+            fresh = (step.seq_lens - (qsl[1:] - qsl[:-1])) == 0  # the first new token at position 0
             for meta in out:
-                meta.state_slots = step.state_slots
+                meta.state_slots, meta.state_fresh, meta.state_starts = step.state_slots, fresh, qsl
         return out
 
     def meta(self, block_tables: torch.Tensor, slot_mapping: torch.Tensor, nd: int, lens: torch.Tensor,

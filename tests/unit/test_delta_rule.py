@@ -120,8 +120,6 @@ def test_the_native_layer_kernel_equals_the_reference_on_a_mixed_batch(dtype, ke
     """kernels/csrc/linear_attention.cpp's gated_delta_rule: decode tokens (one fresh), a
     prompt chunk from a carried state and a fresh prompt, on their slots; in bf16 each
     rounding where transformers rounds."""
-    if not cpu.available():
-        pytest.skip("no compiler: the torch reference runs instead")  # the suite's machines build it
     lengths = [1, 1, 1, 40, 3]
     slots, fresh = torch.tensor([4, 0, 2, 5, 6]), torch.tensor([False, True, False, False, True])
     starts, x, a, b, z, A_log, dt_bias, weight = _layer_inputs(lengths, key_heads, heads, dk, dv, dtype)
@@ -163,8 +161,6 @@ def test_the_native_convolution_equals_the_reference(dtype, silu):
     """kernels/csrc/linear_attention.cpp's conv on decode tokens and prompts (one shorter
     than the taps), fresh or carried: the outputs (rounded as a conv1d in the dtype rounds
     them, then SiLU) and the states."""
-    if not cpu.available():
-        pytest.skip("no compiler: the torch reference runs instead")
     gen = torch.Generator().manual_seed(4)
     channels = 1037  # two spans of 512 channels and a tail
     state = torch.randn(6, 3, channels, generator=gen).to(dtype)

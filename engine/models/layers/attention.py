@@ -34,8 +34,12 @@ class AttnMetadata:
     seq_lens: torch.Tensor  # int32 [num_seqs]
     backend: AttentionBackend = field(default_factory=TorchBackend)
     # Each sequence's state slot, for layers that keep a state instead of KV
-    # (engine/models/layers/gated_delta.py); None where the model has none.
+    # (engine/models/layers/gated_delta.py, short_conv.py); None where the model has none.
+    # With them, computed once a step: which sequences start at position 0 (their state
+    # from zeros), and the batch's query starts as int64, as the state kernels read them.
     state_slots: torch.Tensor | None = None
+    state_fresh: torch.Tensor | None = None
+    state_starts: torch.Tensor | None = None
 
 
 class Attention(nn.Module):

@@ -48,9 +48,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], meta: AttnMetadata) -> torch.Tensor:
         mixed, z, b, a = self.in_proj(x).split(self.in_sizes, dim=-1)
-        slots, qsl = meta.state_slots, meta.query_start_loc
-        fresh = (meta.seq_lens - (qsl[1:] - qsl[:-1])) == 0  # first new token at position 0
-        starts = qsl.long()
+        slots, fresh, starts = meta.state_slots, meta.state_fresh, meta.state_starts
         conv_state, delta_state = state  # [slots, k - 1, C] and [slots, H, dk, dv]
         if self._taps is None or self._taps.dtype != self.conv1d.weight.dtype:
             self._taps = self.conv1d.weight[:, 0, :].t().contiguous()  # [k, C]: each tap's channels in a row

@@ -33,9 +33,8 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor, state: tuple[torch.Tensor, ...], meta: AttnMetadata) -> torch.Tensor:
         b, c, h = self.in_proj(x).split(self.hidden, dim=-1)
-        qsl = meta.query_start_loc
-        fresh = (meta.seq_lens - (qsl[1:] - qsl[:-1])) == 0  # first new token at position 0
         if self._taps is None or self._taps.dtype != self.conv.weight.dtype:
             self._taps = self.conv.weight[:, 0, :].t().contiguous()
-        conv = meta.backend.conv(state[0], meta.state_slots, fresh, qsl.long(), b * h, self._taps, False)
+        conv = meta.backend.conv(state[0], meta.state_slots, meta.state_fresh, meta.state_starts, b * h, self._taps,
+                                 False)
         return self.out_proj(c * conv)
