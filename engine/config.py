@@ -304,9 +304,6 @@ def _check_state_layers(config: EngineConfig, hf_config: Any) -> None:
     nor handed between stages. The prefix cache is off for it (cached blocks cannot restore
     a state); that is said, not refused, as the option is on by default."""
     name = hf_config.model_type
-    if config.quantization is not None:
-        raise ParamError("quantization", f"{name} is not served quantized yet: its state-keeping layers "
-                         "read their weights dense (a GGUF's dequantized)")
     if config.speculative_config is not None:
         raise ParamError("speculative_config", f"{name} is not served with speculative decoding: its "
                          "state-keeping layers cannot take rejected tokens back out of their state")

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from engine.errors import ParamError
 from engine.models import gguf_config, mxfp4
-from engine.models.gguf_tensors import GGUF_EXPERTS, PERMUTED, unpermuted_order
+from engine.models.gguf_tensors import GGUF_EXPERTS, PERMUTED, grouped_order, unpermuted_order
 from engine.models.weights import rotary_order
 from kernels import quant
 
@@ -29,17 +29,40 @@ GGUF_FUSED_PARTS = {"self_attn.qkv_proj": ("attn_qkv",), "self_attn.o_proj": ("a
 # A Qwen2-MoE shared expert's GGUF tensors; the routed experts' are merged per layer.
 GGUF_SHARED_PARTS = {"mlp.shared_expert.gate_up_proj": ("ffn_gate_shexp", "ffn_up_shexp"),
                      "mlp.shared_expert.down_proj": ("ffn_down_shexp",)}
+# A state-keeping layer's projections: Qwen3.5's linear attention (in_proj_qkv, in_proj_z,
+# in_proj_b and in_proj_a as one GEMM) and LFM2's short convolution.
+GGUF_LINEAR_PARTS = {"linear_attn.in_proj": ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"),
+                     "linear_attn.out_proj": ("ssm_out",)}
+GGUF_CONV_PARTS = {"conv.in_proj": ("shortconv.in_proj",), "conv.out_proj": ("shortconv.out_proj",)}
 # Every GGUF tensor read here (as `<name>.weight`), and our parameters they fill.
-GGUF_ON_BLOCKS = frozenset({part for table in (GGUF_PARTS, GGUF_FUSED_PARTS, GGUF_SHARED_PARTS)
+GGUF_ON_BLOCKS = frozenset({part for table in (GGUF_PARTS, GGUF_FUSED_PARTS, GGUF_SHARED_PARTS, GGUF_LINEAR_PARTS,
+                                               GGUF_CONV_PARTS)
                             for parts in table.values() for part in parts} | {"token_embd", "output", *GGUF_EXPERTS})
 REPLACED = (".qkv_proj.weight", ".o_proj.weight", ".gate_up_proj.weight", ".down_proj.weight", ".experts_gate_up",
-            ".experts_down")
+            ".experts_down", *(f".{ours}.weight" for ours in (*GGUF_LINEAR_PARTS, *GGUF_CONV_PARTS)))
+
+
+class Projection(NamedTuple):
+    """One dense projection of the model's layers and the GGUF tensors that fill it."""
+
+    path: str  # under model.layers
+    names: tuple[str, ...]  # the tensors whose rows make it, in order
+    # {tensor: row index} where a tensor's rows come in another order than the model's
+    # (Llama's interleaved q and k; Qwen3.5's tiled value heads): ours are file[index]
+    rows: dict[str, torch.Tensor]
+    # The input columns' order where the file's differ (Qwen3.5's out_proj, whose inputs are
+    # the tiled value heads): our column j is the file's column cols[j]. Blocks cannot be cut
+    # across their columns, so the quantized path reorders the activations instead.
+    cols: torch.Tensor | None = None
 
 
 def on_blocks(name: str) -> bool:
     """Whether this GGUF tensor is read from the file at load rather than converted: a
     conversion leaves it out (engine/models/gguf_convert.py)."""
-    return name.endswith(".weight") and name.split(".")[-2] in GGUF_ON_BLOCKS
+    if not name.endswith(".weight"):
+        return False
+    stem = name.removesuffix(".weight")
+    return (stem.split(".", 2)[2] if stem.startswith("blk.") else stem) in GGUF_ON_BLOCKS
 
 
 def replaced(param: str) -> bool:
@@ -115,28 +138,47 @@ def blocks(found: dict[str, Any], name: str) -> tuple[int, torch.Tensor, int]:
     return kind, data, k
 
 
-def projections(model: Any, found: dict[str, Any], config: Any
-                ) -> Iterator[tuple[str, tuple[str, ...], dict[str, torch.Tensor]]]:
-    """Each dense projection of the model's layers as (its path under model.layers, the
-    GGUF tensors whose rows make it, in order, {tensor: row index} for the q and k whose
-    rows come in another order than the model's); an expert layer's routed experts are
+def projections(model: Any, found: dict[str, Any], config: Any) -> Iterator[Projection]:
+    """Each dense projection of the model's layers; an expert layer's routed experts are
     not among them (`experts`)."""
     from engine.models.layers.moe import SparseMoE
 
     first, _end = model.layer_range
-    table = dict(GGUF_FUSED_PARTS if f"blk.{first}.attn_qkv.weight" in found else GGUF_PARTS)
+    attn = first + next((i for i, layer in enumerate(model.layers) if not layer.is_linear), 0)
+    table = dict(GGUF_FUSED_PARTS if f"blk.{attn}.attn_qkv.weight" in found else GGUF_PARTS)
     if f"blk.{first}.ffn_gate.weight" not in found:  # gate and up fused (GLM-4, as Phi-3), or no gate (Arcee)
         table["mlp.gate_up_proj"] = GGUF_FUSED_PARTS["mlp.gate_up_proj"]
     orders = _qk_orders(model, config)
     for i, layer in enumerate(model.layers):
         parts = dict(table)
+        if layer.is_linear:  # its mixer's projections in place of the attention's
+            parts = {k: v for k, v in parts.items() if k.startswith("mlp.")}
+            parts.update(GGUF_LINEAR_PARTS if hasattr(layer, "linear_attn") else GGUF_CONV_PARTS)
         if isinstance(layer.mlp, SparseMoE):
             parts = {k: v for k, v in parts.items() if not k.startswith("mlp.")}
             if layer.mlp.spec.shared_inter:
                 parts.update(GGUF_SHARED_PARTS)
         for ours, theirs in parts.items():
             names = tuple(f"blk.{first + i}.{name}.weight" for name in theirs)
-            yield f"{i}.{ours}", names, {n: orders[p] for n, p in zip(names, theirs) if p in orders}
+            rows = {n: orders[p] for n, p in zip(names, theirs) if p in orders}
+            cols = None
+            if ours.startswith("linear_attn."):
+                rows, cols = _value_head_orders(layer.linear_attn.spec, names)
+            yield Projection(f"{i}.{ours}", names, rows, cols)
+
+
+def _value_head_orders(spec: Any, names: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """A Qwen3.5 linear-attention projection's orders, where its file tiled the value heads
+    (gguf_tensors.grouped_order): in_proj's value rows, z rows and b and a rows, and
+    out_proj's input columns."""
+    if spec.key_heads == spec.value_heads:
+        return {}, None
+    heads, dv = (spec.key_heads, spec.value_heads), spec.value_dim
+    if len(names) == 1:  # out_proj
+        return {}, grouped_order(*heads, dv)
+    qk = 2 * spec.key_heads * spec.key_dim
+    qkv = torch.cat([torch.arange(qk), qk + grouped_order(*heads, dv)])
+    return dict(zip(names, (qkv, grouped_order(*heads, dv), grouped_order(*heads, 1), grouped_order(*heads, 1)))), None
 
 
 def _qk_orders(model: Any, config: Any) -> dict[str, torch.Tensor]:

@@ -41,10 +41,12 @@ def fill(model: Any, source: str, config: Any, dtype: torch.dtype) -> None:
         param.data = value.to(device=param.device, dtype=dtype)
         filled.add(id(param))
 
-    for ours, names, orders in gguf_blocks.projections(model, found, config):
-        rows = [_dense(found, name) for name in names]
-        rows = [r[orders[n]] if n in orders else r for n, r in zip(names, rows)]
-        put(params[f"layers.{ours}.weight"], torch.cat(rows) if len(rows) > 1 else rows[0], " + ".join(names))
+    for proj in gguf_blocks.projections(model, found, config):
+        rows = [_dense(found, name) for name in proj.names]
+        rows = [r[proj.rows[n]] if n in proj.rows else r for n, r in zip(proj.names, rows)]
+        weight = torch.cat(rows) if len(rows) > 1 else rows[0]
+        put(params[f"layers.{proj.path}.weight"], weight if proj.cols is None else weight[:, proj.cols],
+            " + ".join(proj.names))
     for moe, names in gguf_blocks.experts(model):
         _experts(moe, found, names, dtype, put)
     # Absent where another pipeline stage holds them, or the head when it is the embedding;

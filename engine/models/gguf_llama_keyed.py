@@ -394,13 +394,6 @@ BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": 
 LLAMA_TENSORS = ("smollm3", "granite", "arcee", "mistral3", "granitemoe")
 
 
-# Architectures whose GEMM weights are not read from the file's blocks: the conversion holds
-# them all, dequantized. Their state-keeping layers are served dense (Qwen3.5's also read
-# llama.cpp's V-head order, tiled for ggml, back into the checkpoint's, and out_proj's
-# columns with them, which blocks cannot).
-CONVERTED_WHOLE = ("qwen35", "qwen35moe", "lfm2")
-
-
 def tensor_config(arch: str, config: Any) -> Any:
     """The config whose model transformers' reader names a file's tensors by: the file's
     own, but for Ministral 3, whose llama.cpp name (`mistral3`) is no model type the reader

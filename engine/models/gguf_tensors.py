@@ -129,24 +129,25 @@ def _linear_attention(config: Any, name: str, data: torch.Tensor) -> torch.Tenso
         return data
     if name.endswith(".A_log"):
         data = torch.log(-data)
-    heads, value_heads = config.linear_num_key_heads, config.linear_num_value_heads
-    if heads != value_heads:
-        per, qk = value_heads // heads, 2 * heads * config.linear_key_head_dim
-        dv = config.linear_value_head_dim
-
-        def grouped(t: torch.Tensor, dim: int, d: int) -> torch.Tensor:  # tiled [per, heads, d] -> [heads, per, d]
-            shape = list(t.shape)
-            return t.reshape(*shape[:dim], per, heads, d, *shape[dim + 1:]).transpose(dim, dim + 1).reshape(shape)
-
-        if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):  # q and k rows as they were; v's grouped
-            data = torch.cat([data[:qk], grouped(data[qk:], 0, dv)])
-        elif name.endswith("in_proj_z.weight"):
-            data = grouped(data, 0, dv)
-        elif name.endswith(("in_proj_a.weight", "in_proj_b.weight", ".A_log", ".dt_bias")):
-            data = grouped(data, 0, 1)
-        elif name.endswith("out_proj.weight"):
-            data = grouped(data, 1, dv)
+    qk, dv = 2 * config.linear_num_key_heads * config.linear_key_head_dim, config.linear_value_head_dim
+    heads = config.linear_num_key_heads, config.linear_num_value_heads
+    if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):  # q and k rows as they were; v's grouped
+        data = torch.cat([data[:qk], data[qk:][grouped_order(*heads, dv)]])
+    elif name.endswith("in_proj_z.weight"):
+        data = data[grouped_order(*heads, dv)]
+    elif name.endswith(("in_proj_a.weight", "in_proj_b.weight", ".A_log", ".dt_bias")):
+        data = data[grouped_order(*heads, 1)]
+    elif name.endswith("out_proj.weight"):
+        data = data[:, grouped_order(*heads, dv)]
     return data.unsqueeze(1) if name.endswith("conv1d.weight") else data
+
+
+def grouped_order(key_heads: int, value_heads: int, size: int) -> torch.Tensor:
+    """Where each of the checkpoint's value-head rows (grouped: the heads that share key
+    head h together) sits in llama.cpp's tiled order (value head j after key head j mod
+    the key heads), `size` rows a head: the checkpoint's rows are file[order]."""
+    per = value_heads // key_heads
+    return torch.arange(value_heads * size).view(per, key_heads, size).transpose(0, 1).reshape(-1)
 
 
 # transformers' module tree against the checkpoint names llama.cpp's converter read: ERNIE 4.5

@@ -3,7 +3,7 @@ attention layers with per-head q/k norms, as `layer_types` says; a SwiGLU MLP wh
 the config derives (`block_auto_adjust_ff_dim`); the final norm after the last layer
 (`embedding_norm`, despite its name). The convolution layers keep a state per sequence
 instead of KV, in the engine's state slots: such a model is served without the prefix
-cache, speculative decoding, parallelism or quantization (engine/config.py)."""
+cache, speculative decoding or parallelism (engine/config.py)."""
 
 from __future__ import annotations
 

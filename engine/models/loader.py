@@ -123,9 +123,8 @@ def _from_hub_cache(repo_id: str) -> ModelFiles:
 
 
 def _from_gguf(gguf: Path, blocks: bool) -> ModelFiles:
-    from engine.models import gguf_config, gguf_convert, gguf_llama_keyed
+    from engine.models import gguf_convert
 
-    blocks = blocks and gguf_config.file_arch(gguf) not in gguf_llama_keyed.CONVERTED_WHOLE
     return ModelFiles(gguf_convert.converted(gguf, cache_root(), blocks), str(gguf), blocks)
 
 

@@ -89,6 +89,24 @@ class QuantConcat(nn.Module):
         return torch.cat([p.dequantized() for p in self.parts])
 
 
+class InputOrder(nn.Module):
+    """A quantized projection whose blocks hold its input columns in another order than the
+    model's activations (Qwen3.5's out_proj over llama.cpp's tiled value heads): the
+    activations are put in the file's order, since blocks cannot be cut across columns."""
+
+    def __init__(self, linear: QuantLinear | QuantConcat, order: torch.Tensor) -> None:
+        super().__init__()
+        self.linear = linear
+        self.register_buffer("order", order)  # the file's column j is our column order[j]
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.index_select(-1, self.order))
+
+    def dequantized(self) -> torch.Tensor:
+        return self.linear.dequantized()[:, torch.argsort(self.order)]
+
+
 def quant_rows(rows: list[torch.Tensor], qtypes: list[int], k: int, bias: torch.Tensor | None
                ) -> QuantLinear | QuantConcat:
     """One projection from the row blocks of its parts: a single QuantLinear where the parts
@@ -274,15 +292,16 @@ def _gguf_table(tensors: dict[str, Any], name: str) -> QuantLinear:
     return QuantLinear(data, None, qtype, k)
 
 
-def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, QuantLinear | QuantConcat]:
+def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, nn.Module]:
     for moe, names in gguf_blocks.experts(model):
         moe.use_experts(_gguf_experts(tensors, names, moe))
-    out = {}
-    for ours, names, orders in gguf_blocks.projections(model, tensors, config):
-        blocks = [gguf_blocks.blocks(tensors, name) for name in names]
-        rows = [b[1][orders[n]] if n in orders else b[1] for n, b in zip(names, blocks)]
-        bias = getattr(model.layers.get_submodule(ours), "bias", None)
-        out[ours] = quant_rows(rows, [b[0] for b in blocks], blocks[0][2], bias)
+    out: dict[str, nn.Module] = {}
+    for proj in gguf_blocks.projections(model, tensors, config):
+        blocks = [gguf_blocks.blocks(tensors, name) for name in proj.names]
+        rows = [b[1][proj.rows[n]] if n in proj.rows else b[1] for n, b in zip(proj.names, blocks)]
+        bias = getattr(model.layers.get_submodule(proj.path), "bias", None)
+        linear = quant_rows(rows, [b[0] for b in blocks], blocks[0][2], bias)
+        out[proj.path] = linear if proj.cols is None else InputOrder(linear, torch.argsort(proj.cols))
     return out
 
 

@@ -7,7 +7,7 @@ the plain rotary does: every M-RoPE section reads the same position).
 
 The linear layers keep a state per sequence instead of KV, which the engine holds in slots
 (engine/state_slots.py): such a model is served without the prefix cache, and
-engine/config.py refuses speculative decoding, parallelism and quantization for it by name.
+engine/config.py refuses speculative decoding and parallelism for it by name.
 """
 
 from __future__ import annotations

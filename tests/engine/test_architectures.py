@@ -47,18 +47,26 @@ def test_architecture_matches_transformers(model_type, backend, arch_dir):
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(zlib.crc32(model_type.encode()))
     prompts = torch.randint(3, 49152, (8, 30), generator=gen).tolist()  # 30 > the 12-token window
+    new = 16
     # 16 blocks of 8 tokens for 8 sequences of 46: preemption; a 40-token budget chunks prompts.
     # (Besides the 8 sequences' states where the model has linear-attention layers.)
+    blocks, budget = 16, 40
+    if backend == "triton":
+        # The interpreter runs every kernel instance in numpy (about a minute for the case
+        # above); the layer's arithmetic is what it checks, on prompts past the window, while
+        # the native and torch cases check the scheduling around it. 40 tokens of budget still
+        # chunk the 30-token prompts that share a step.
+        prompts, new, blocks = prompts[:3], 8, 3 * 5
     linear = registry.state_layers(hf.config)
-    states = 8 * linear.state_bytes(torch.float32) if linear is not None else 0
-    llm = LLM(str(path), dtype="float32", max_num_seqs=8, max_num_batched_tokens=40, max_model_len=64,
-              kv_cache_memory_bytes=16 * kv_block_bytes(hf.config, 8, torch.float32) + states, block_size=8,
+    states = len(prompts) * linear.state_bytes(torch.float32) if linear is not None else 0
+    llm = LLM(str(path), dtype="float32", max_num_seqs=8, max_num_batched_tokens=budget, max_model_len=64,
+              kv_cache_memory_bytes=blocks * kv_block_bytes(hf.config, 8, torch.float32) + states, block_size=8,
               attention_backend=backend)
-    got = engine_greedy(llm, prompts, 16, ignore_eos=True)
-    want = hf_greedy(hf, prompts, 16, None)
+    got = engine_greedy(llm, prompts, new, ignore_eos=True)
+    want = hf_greedy(hf, prompts, new, None)
     assert got == want
     stats = llm.stats()
-    assert stats.num_preemptions > 0
+    assert stats.num_preemptions > 0 or backend == "triton"
     assert stats.blocks_free == stats.blocks_total
 
 

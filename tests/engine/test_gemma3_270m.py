@@ -54,19 +54,35 @@ def test_gemma3_270m_matches_transformers_past_its_window(gemma):
 def test_gemma3_270m_in_bf16_runs_fused_with_the_module_paths_tokens(gemma, monkeypatch):
     """In bf16 Gemma's layer runs the fused native path too, its norms' fp32 (1 + w)
     applied before the rounding as Gemma's own norm does: the greedy tokens of the same
-    model run layer by layer through its modules."""
+    model run layer by layer through its modules, but where bf16's coarse logits tie. The
+    two paths round in other places, so each may break a tie its own way (on an AMX Xeon
+    three candidates came out equal to the bit in the module path, where the fused one
+    picked the third): where they first depart, the fused pick must be among the module
+    path's top five and at most 0.25 nats below its choice, as in test_loading's bf16
+    check. A norm left out or applied after the rounding departs by far more."""
     from engine.models.arch import ArchSpec
+    from engine.sampling_params import SamplingParams
 
     _, tokenizer = gemma
-    prompts = long_prompts(tokenizer, 2, 48)
+    prompts = long_prompts(tokenizer, 3, 48)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=5)
     fused = LLM(TAG, dtype="bfloat16", max_model_len=256, quantization=None)
     assert fused.engine.executor.runner.model.fused
-    got = engine_greedy(fused, prompts, 16, ignore_eos=True)
+    got = [o.outputs[0] for o in fused.generate(prompts, params, use_tqdm=False)]
     del fused
     monkeypatch.setattr(ArchSpec, "fusable", lambda self: False)
     modules = LLM(TAG, dtype="bfloat16", max_model_len=256, quantization=None)
     assert not modules.engine.executor.runner.model.fused
-    assert got == engine_greedy(modules, prompts, 16, ignore_eos=True)
+    want = [o.outputs[0] for o in modules.generate(prompts, params, use_tqdm=False)]
+    whole = 0
+    for a, b in zip(want, got):
+        i = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
+        if i is None:
+            whole += 1
+            continue
+        top = dict(a.logprobs[i].top)
+        assert b.token_ids[i] in top and top[a.token_ids[i]] - top[b.token_ids[i]] <= 0.25, (i, a.logprobs[i].top)
+    assert whole >= 1
 
 
 def test_gemma3_270m_int8_activations_cost_little_perplexity(monkeypatch):

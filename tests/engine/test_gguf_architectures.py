@@ -5,8 +5,9 @@ and Qwen2-MoE, Qwen3-MoE, OLMoE, ERNIE 4.5 MoE, GLM-4.5 and dots.llm1 with each 
 experts merged, Mixtral, gpt-oss):
 tiny ones written as llama.cpp's converter writes them, loaded by the engine and run
 greedy in fp32 against transformers on the checkpoint they were written from; and with
-`quantization: gguf`, computing on the file's blocks (Q8_0, Q5_0, Q5_1, gpt-oss's MXFP4),
-against the engine on the same file's dequantized values."""
+`quantization: gguf`, computing on the file's blocks (Q8_0, Q5_0, Q5_1, gpt-oss's MXFP4;
+Qwen3.5's and LFM2's state-keeping layers among them), against the engine on the same
+file's dequantized values."""
 
 from __future__ import annotations
 
@@ -225,7 +226,9 @@ def test_a_glm4_moe_gguf_leaves_its_multi_token_prediction_layer_out(tmp_path, d
                                                ("exaone4", "Q5_1"), ("glm4", "Q8_0"),
                                                ("arcee", "Q8_0"), ("starcoder2", "Q8_0"), ("olmoe", "Q8_0"),
                                                ("ernie4_5_moe", "Q8_0"), ("glm4_moe", "Q5_1"), ("dots1", "Q8_0"),
-                                               ("ministral3", "Q8_0"), ("granitemoeshared", "Q8_0")])
+                                               ("ministral3", "Q8_0"), ("granitemoeshared", "Q8_0"),
+                                               ("qwen3_5_text", "Q8_0"), ("qwen3_5_moe_text", "Q5_1"),
+                                               ("lfm2", "Q8_0")])
 def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, written):
     """Llama's q and k rows come interleaved, beside its rope_freqs.weight, and so do SmolLM3's
     and Granite's, filed under their own names with Llama's tensors; Qwen3's are not
@@ -344,7 +347,8 @@ def test_a_conversion_is_found_by_the_files_bytes_not_its_path(written, tmp_path
 
 
 @pytest.mark.parametrize("model_type, qtype", [("qwen2_moe", "Q5_1"), ("phi3", "Q8_0"), ("mixtral", "F16"),
-                                               ("gemma3_text", "BF16"), ("olmo3", "Q8_0")])
+                                               ("gemma3_text", "BF16"), ("olmo3", "Q8_0"), ("qwen3_5_text", "Q8_0"),
+                                               ("lfm2", "Q8_0")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_dense_weights_read_from_the_blocks_are_the_fp32_conversions(model_type, qtype, dtype, written, tmp_path,
                                                                        monkeypatch):

@@ -1,7 +1,8 @@
 """Qwen3.5's linear-attention layers in the engine: the per-sequence state slots under forks
 (n > 1, beams), slot reuse, the prefix cache held off, the cache budget, what such a model
-refuses by name, and the multimodal checkpoint's language model; each against
-transformers on a tiny random checkpoint (tests/support/arch_models.py)."""
+refuses by name, the multimodal checkpoint's language model, and int8 weights (LFM2's
+short convolutions too); each against transformers on a tiny random checkpoint
+(tests/support/arch_models.py)."""
 
 from __future__ import annotations
 
@@ -143,9 +144,27 @@ def test_the_default_budget_runs_as_many_sequences_as_half_of_it_holds_states_fo
     assert e.value.param == "n"
 
 
-def test_a_quantized_engine_is_refused_by_name(path):
-    """The linear layers' projections are read dense; `quantization` is refused, not
-    ignored."""
-    with pytest.raises(ParamError) as e:
-        LLM(str(path), max_model_len=64, quantization="int8")
-    assert e.value.param == "quantization" and "state-keeping" in str(e.value)
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "lfm2"])
+def test_int8_computes_the_state_keeping_layers_on_their_rounded_weights(model_type, tmp_path, default_model_dir):
+    """`quantization: int8` puts the linear attention's and the short convolution's
+    projections on int8 blocks, as every other GEMM: greedy output is transformers' on the
+    same checkpoint with each quantized weight replaced by the values its int8 rows stand
+    for (the routers stay dense, as the engine keeps them)."""
+    from torch import nn
+
+    from engine.models.quantize import ROUTERS, QuantLinear
+    from kernels import quant
+
+    path = arch_models.build(model_type, tmp_path / model_type, default_model_dir)
+    llm = LLM(str(path), dtype="float32", quantization="int8", max_model_len=64, block_size=8)
+    layers = llm.engine.executor.runner.model.layers
+    mixers = [m for layer in layers if layer.is_linear for m in (layer.mixer.in_proj, layer.mixer.out_proj)]
+    assert mixers and all(isinstance(m, QuantLinear) for m in mixers)
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    rounded = [m.weight for name, m in hf.named_modules() if isinstance(m, nn.Linear) and not name.endswith(ROUTERS)]
+    with torch.no_grad():
+        for w in {id(w): w for w in [*rounded, hf.get_input_embeddings().weight]}.values():
+            w.copy_(quant.dequantize(*quant.quantize_int8(w), quant.INT8_ROWS, w.shape[1]))
+    prompts = _prompts(3, 20, 5)
+    assert engine_greedy(llm, prompts, 8, ignore_eos=True) == hf_greedy(hf, prompts, 8, None)
