@@ -325,6 +325,13 @@ def gemm_available(dtype: torch.dtype) -> bool:
     return load() and bool(op("gemm_available")(dtype))
 
 
+def gemm_tiles(dtype: torch.dtype, k: int) -> bool:
+    """Whether gemm runs a weight of this dtype and in_features on AMX tiles (bf16 with k a
+    multiple of 32, on a CPU and build with AMX): at every row count, so a row's values
+    never depend on its batch."""
+    return load() and bool(op("gemm_tiles")(dtype, k))
+
+
 def gemm_pack(weight: torch.Tensor) -> torch.Tensor:
     """A bf16 (K even) or fp32 [N, K] weight as gemm's panels."""
     return op("gemm_pack")(weight)

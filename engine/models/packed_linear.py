@@ -6,8 +6,11 @@ freezing pass emits) runs 2-3x faster here. On CPUs with AVX-512 the native pane
 (kernels/csrc/gemm.cpp) replaces oneDNN, in fp32 and (with AVX512_BF16) in bf16: at the
 1-64 rows of decode steps 1.0-2.0x oneDNN's rate in fp32 and 1.1-3.3x in bf16, level
 from 256 rows up (`scripts/bench_gemm.py`); in fp32 the offline workload runs level
-with oneDNN (benchmarks/LOG.md, session 16). The packed weight is opaque, so the original
-stays for loading and for the weight-tied embedding.
+with oneDNN (benchmarks/LOG.md, session 16). On Xeons with AMX its bf16 products run on
+the AMX tiles over the same panels (0.8-0.95x oneDNN's rate from 256 rows up, 1.1-1.3x at
+1-16 rows; the AVX-512 tile there ran at a tenth of oneDNN's from 16 rows up: LOG, session
+42). The packed weight is opaque, so the original stays for loading and for the
+weight-tied embedding.
 """
 
 from __future__ import annotations

@@ -10,18 +10,25 @@
 // R * NV products. The weights stream once, in order, whatever the row count.
 // gemm_glu runs the same tile over a gate/up weight packed in pairs of half panels
 // (gemm_pack_glu) and writes silu(gate) * up from the accumulators: the MLP's [M, 2 I]
-// product is never stored.
+// product is never stored. On CPUs with AMX, bf16 runs on its tiles over the same panels
+// (amx_run).
 #include <torch/library.h>
 #include "aten.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define PAGEDSERVE_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #include "vec.h"
@@ -42,6 +49,21 @@ bool gemm_available(c10::ScalarType dtype) {
 }
 
 int64_t k_step(c10::ScalarType dtype) { return dtype == at::kBFloat16 ? 2 : 1; }
+
+bool amx_enabled();
+
+// Whether a GEMM of this dtype and K runs on AMX tiles (amx_run below): bf16 with K a
+// multiple of 32, on a build and a CPU with AMX. It depends on the weight alone, never on
+// the row count.
+bool tiles_take(c10::ScalarType dtype, int64_t K) {
+#if defined(PAGEDSERVE_AMX)
+  return dtype == at::kBFloat16 && K % 32 == 0 && amx_enabled();
+#else
+  return false;
+#endif
+}
+
+bool gemm_tiles(c10::ScalarType dtype, int64_t K) { return tiles_take(dtype, K); }
 
 // [N, K] -> [G, K / KP, NR, KP]: channel c of panel g is row row_of(g, c) of w, or zeros
 // where that is -1. A step of k is four bytes in either dtype, so the packing moves uint32s.
@@ -133,6 +155,7 @@ struct Bf16 {
 };
 #endif
 
+
 // silu(gate) * up for the HALF outputs of a row of a gemm_pack_glu panel: a[0] holds gate
 // 0-15, a[1] gate 16-23 then up 0-7, a[2] up 8-23. Rounded where the unfused path rounds
 // (the GEMM's outputs, then fused.cpp's silu_mul: the activation, the product), so the
@@ -157,6 +180,120 @@ inline void glu(const __m512* a, typename E::T* dst) {
   pagedserve::store16(last, out[1]);
   std::copy_n(last, HALF - 16, d + 16);
 }
+
+#if defined(PAGEDSERVE_AMX)
+// On CPUs with AMX (Xeon from Sapphire Rapids on) every bf16 GEMM whose K is a multiple of
+// 32 runs on the tiles instead, at every row count, so that a row's values never depend on
+// how many rows share its call (tests/unit/test_gemm.py): the panels already hold each pair
+// of k side by side per channel, which is the B tile's layout, so a tile reads 16 steps of
+// k (K2 rows of a panel, NR * 2 values apart) as they lie. Per 16 rows of x and panel: three
+// C tiles (16 x 16 fp32) over the panel's three vectors of channels, one A tile (16 rows x
+// 32 k), three B tiles. A block of fewer than 16 rows is copied into a zeroed one.
+constexpr int64_t kAmxRows = 256;  // rows a panel serves from L2 before the next panel
+
+// PAGEDSERVE_GEMM_TILES=0 keeps the AVX-512 tile (scripts/bench_gemm.py --no-tiles compares them).
+bool amx_enabled() {
+  static const bool ok = [] {
+    const char* env = std::getenv("PAGEDSERVE_GEMM_TILES");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;  // Linux: ask for the tile state once
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+void amx_begin() {  // tiles 0-2: C; 3: A; 4-6: B; each 16 rows of 64 bytes
+  TileConfig c;
+  for (int t = 0; t < 7; ++t) {
+    c.rows[t] = 16;
+    c.colsb[t] = 64;
+  }
+  _tile_loadconfig(&c);
+}
+
+// 16 rows of x (ldx apart) against one panel of K2 steps (a multiple of 16), into acc
+// [16][NR] fp32, which holds each channel's bias (or zeros) on entry.
+void amx_panel(const uint16_t* x, int64_t ldx, int64_t K2, const uint16_t* w, float* acc) {
+  constexpr int64_t wstride = NR * 2 * sizeof(uint16_t), cstride = NR * sizeof(float);
+  _tile_loadd(0, acc, cstride);
+  _tile_loadd(1, acc + 16, cstride);
+  _tile_loadd(2, acc + 32, cstride);
+  for (int64_t k = 0; k < K2; k += 16) {
+    const uint16_t* wk = w + k * NR * 2;
+    _mm_prefetch(reinterpret_cast<const char*>(wk) + kAhead, _MM_HINT_T0);
+    _tile_loadd(3, x + 2 * k, ldx * sizeof(uint16_t));
+    _tile_loadd(4, wk, wstride);
+    _tile_loadd(5, wk + 32, wstride);
+    _tile_loadd(6, wk + 64, wstride);
+    _tile_dpbf16ps(0, 3, 4);
+    _tile_dpbf16ps(1, 3, 5);
+    _tile_dpbf16ps(2, 3, 6);
+  }
+  _tile_stored(0, acc, cstride);
+  _tile_stored(1, acc + 16, cstride);
+  _tile_stored(2, acc + 32, cstride);
+}
+
+template <bool Glu>
+void amx_run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* b0, at::Tensor& y) {
+  const int64_t M = x.size(0), K2 = panels.size(1), G = panels.size(0), ldx = x.stride(0), K = 2 * K2;
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const auto* wp = reinterpret_cast<const uint16_t*>(panels.data_ptr());
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  const int64_t panel = K2 * NR * 2;
+  at::parallel_for(0, G, 1, [&](int64_t g0, int64_t g1) {
+    amx_begin();
+    std::vector<uint16_t> padded;  // the last 16 rows where M is no multiple of 16, zero-filled
+    alignas(64) float acc[16 * NR];
+    for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {  // a block of rows stays in L2 while each panel passes
+      const int64_t m1 = std::min(M, m0 + kAmxRows);
+      if ((m1 - m0) % 16) {
+        const int64_t last = m1 - (m1 - m0) % 16;
+        padded.assign(16 * K, 0);
+        for (int64_t r = last; r < m1; ++r) std::copy_n(xp + r * ldx, K, padded.data() + (r - last) * K);
+      }
+      for (int64_t g = g0; g < g1; ++g) {
+        constexpr int64_t width = Glu ? HALF : NR;
+        const int64_t cols = std::min(width, N - g * width);
+        for (int64_t s = m0; s < m1; s += 16) {
+          const int64_t rows = std::min<int64_t>(16, m1 - s);
+          for (int r = 0; r < 16; ++r) {
+            if (b0)
+              std::copy_n(b0 + g * NR, NR, acc + r * NR);
+            else
+              std::fill_n(acc + r * NR, NR, 0.f);
+          }
+          if (rows == 16)
+            amx_panel(xp + s * ldx, ldx, K2, wp + g * panel, acc);
+          else
+            amx_panel(padded.data(), K, K2, wp + g * panel, acc);
+          for (int64_t r = 0; r < rows; ++r) {
+            uint16_t out[NR];
+            uint16_t* dst = cols == width ? yp + (s + r) * N + g * width : out;
+            __m512 a[NV];
+            for (int v = 0; v < NV; ++v) a[v] = _mm512_loadu_ps(acc + r * NR + 16 * v);
+            if constexpr (Glu) {
+              glu<Bf16>(a, dst);
+            } else {
+              for (int v = 0; v < NV; ++v) Bf16::store(dst + 16 * v, a[v]);
+            }
+            if (cols < width) std::copy_n(out, cols, yp + (s + r) * N + g * width);
+          }
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+#endif
 
 // RR rows of x (ldx apart) against one panel of K2 steps; y gets the first `cols` outputs
 // of each row: the panel's channels, or with Glu their silu(gate) * up. acc0: the bias for the panel's NR channels, or null. Kept out of line, as
@@ -352,6 +489,12 @@ at::Tensor gemm_any(const at::Tensor& x, const at::Tensor& panels, int64_t N, co
       }
   }
   const float* b0 = acc0.empty() ? nullptr : acc0.data();
+#if defined(PAGEDSERVE_AMX)
+  if (tiles_take(dtype, K)) {
+    (glu ? amx_run<true> : amx_run<false>)(x, panels, N, b0, y);
+    return y;
+  }
+#endif
 #if defined(__AVX512BF16__)
   if (dtype == at::kBFloat16) (glu ? run<Bf16, true> : run<Bf16, false>)(x, panels, N, b0, y);
 #endif
@@ -373,6 +516,7 @@ at::Tensor gemm_glu(const at::Tensor& x, const at::Tensor& panels, int64_t N, co
 
 TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
   m.def("gemm_available(ScalarType dtype) -> bool");
+  m.def("gemm_tiles(ScalarType dtype, int k) -> bool");
   m.def("gemm_pack(Tensor weight) -> Tensor");
   m.def("gemm(Tensor x, Tensor panels, int n, Tensor? bias) -> Tensor");
   m.def("gemm_pack_glu(Tensor weight) -> Tensor");
@@ -388,4 +532,7 @@ TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
   m.impl("moe_glu", &moe_glu);
 }
 
-TORCH_LIBRARY_IMPL(pagedserve, CatchAll, m) { m.impl("gemm_available", &gemm_available); }
+TORCH_LIBRARY_IMPL(pagedserve, CatchAll, m) {
+  m.impl("gemm_available", &gemm_available);
+  m.impl("gemm_tiles", &gemm_tiles);
+}
