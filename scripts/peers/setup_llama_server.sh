@@ -11,6 +11,13 @@ SRC="$DIR/llama_cpp_python-0.3.36/vendor/llama.cpp"
 if [ "${1:-native}" = avx2 ]; then
   BUILD="$DIR/build-avx2"
   ISA=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF)
+elif grep -qw amx_tile /proc/cpuinfo; then
+  # On an AMX Xeon (session 42) the -march=native build died with SIGILL as it loaded any
+  # model; this one has every AVX-512 extension ggml uses and leaves its AMX code out.
+  BUILD="$DIR/build"
+  ISA=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON
+       -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
+       -DGGML_AMX_BF16=OFF)
 else
   BUILD="$DIR/build"
   ISA=(-DGGML_NATIVE=ON)  # the same -march=native our kernels get
