@@ -155,7 +155,6 @@ struct Bf16 {
 };
 #endif
 
-
 // silu(gate) * up for the HALF outputs of a row of a gemm_pack_glu panel: a[0] holds gate
 // 0-15, a[1] gate 16-23 then up 0-7, a[2] up 8-23. Rounded where the unfused path rounds
 // (the GEMM's outputs, then fused.cpp's silu_mul: the activation, the product), so the
@@ -191,7 +190,7 @@ inline void glu(const __m512* a, typename E::T* dst) {
 // 32 k), three B tiles. A block of fewer than 16 rows is copied into a zeroed one.
 constexpr int64_t kAmxRows = 256;  // rows a panel serves from L2 before the next panel
 
-// PAGEDSERVE_GEMM_TILES=0 keeps the AVX-512 tile (scripts/bench_gemm.py --no-tiles compares them).
+// PAGEDSERVE_GEMM_TILES=0 keeps the AVX-512 tile (benchmarks/LOG.md, session 42, compares them).
 bool amx_enabled() {
   static const bool ok = [] {
     const char* env = std::getenv("PAGEDSERVE_GEMM_TILES");
