@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -182,8 +183,8 @@ inline void glu(const __m512* a, typename E::T* dst) {
 
 #if defined(PAGEDSERVE_AMX)
 // On CPUs with AMX (Xeon from Sapphire Rapids on) every bf16 GEMM whose K is a multiple of
-// 32 runs on the tiles instead, at every row count, so that a row's values never depend on
-// how many rows share its call (tests/unit/test_gemm.py): the panels already hold each pair
+// 32 runs on the tiles instead (moe_glu's experts too), at every row count, so that a
+// row's values never depend on how many rows share its call (tests/unit/test_gemm.py): the panels already hold each pair
 // of k side by side per channel, which is the B tile's layout, so a tile reads 16 steps of
 // k (K2 rows of a panel, NR * 2 values apart) as they lie. Per 16 rows of x and panel: three
 // C tiles (16 x 16 fp32) over the panel's three vectors of channels, one A tile (16 rows x
@@ -209,14 +210,20 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-void amx_begin() {  // tiles 0-2: C; 3: A; 4-6: B; each 16 rows of 64 bytes
-  TileConfig c;
-  for (int t = 0; t < 7; ++t) {
+constexpr TileConfig tile_config() {  // eight tiles of 16 rows of 64 bytes
+  TileConfig c{};
+  for (int t = 0; t < 8; ++t) {
     c.rows[t] = 16;
     c.colsb[t] = 64;
   }
-  _tile_loadconfig(&c);
+  return c;
 }
+
+// A constant in memory: built on the stack in a caller GCC 12 inlined it into, the
+// configuration made ldtilecfg fault (SIGSEGV) as if it held garbage.
+alignas(64) constexpr TileConfig kTileConfig = tile_config();
+
+void amx_begin() { _tile_loadconfig(&kTileConfig); }  // tiles 0-2: C; 3: A; 4-6: B
 
 // 16 rows of x (ldx apart) against one panel of K2 steps (a multiple of 16), into acc
 // [16][NR] fp32, which holds each channel's bias (or zeros) on entry.
@@ -241,55 +248,76 @@ void amx_panel(const uint16_t* x, int64_t ldx, int64_t K2, const uint16_t* w, fl
   _tile_stored(2, acc + 32, cstride);
 }
 
+// Rows [m0, m1) of x (ldx apart) through one panel on the tiles, into y (ldy apart; the
+// first `cols` outputs of each row: the panel's channels, or with Glu their silu(gate) *
+// up). bias: the panel's NR channel biases, or null. pad: the thread's 16 rows of zeros,
+// into which a last block of fewer than 16 rows is copied (and cleared again after).
+template <bool Glu>
+void amx_rows(const uint16_t* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K2, const uint16_t* w,
+              const float* bias, uint16_t* y, int64_t ldy, int64_t cols, std::vector<uint16_t>& pad) {
+  constexpr int64_t width = Glu ? HALF : NR;
+  const int64_t K = 2 * K2;
+  alignas(64) float acc[16 * NR];
+  for (int64_t s = m0; s < m1; s += 16) {
+    const int64_t rows = std::min<int64_t>(16, m1 - s);
+    for (int r = 0; r < 16; ++r) {
+      if (bias)
+        std::copy_n(bias, NR, acc + r * NR);
+      else
+        std::fill_n(acc + r * NR, NR, 0.f);
+    }
+    if (rows == 16) {
+      amx_panel(x + s * ldx, ldx, K2, w, acc);
+    } else {
+      if (static_cast<int64_t>(pad.size()) != 16 * K) pad.assign(16 * K, 0);
+      for (int64_t r = 0; r < rows; ++r) std::copy_n(x + (s + r) * ldx, K, pad.data() + r * K);
+      amx_panel(pad.data(), K, K2, w, acc);
+      std::fill_n(pad.data(), rows * K, 0);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      uint16_t out[NR];
+      uint16_t* dst = cols == width ? y + (s + r) * ldy : out;
+      __m512 a[NV];
+      for (int v = 0; v < NV; ++v) a[v] = _mm512_loadu_ps(acc + r * NR + 16 * v);
+      if constexpr (Glu) {
+        glu<Bf16>(a, dst);
+      } else {
+        for (int v = 0; v < NV; ++v) Bf16::store(dst + 16 * v, a[v]);
+      }
+      if (cols < width) std::copy_n(out, cols, y + (s + r) * ldy);
+    }
+  }
+}
+
+// A thread's hold on the tiles for one parallel chunk: their configuration loaded on
+// entry, released on exit.
+struct TileScope {
+  explicit TileScope(bool on) : on(on) {
+    if (on) amx_begin();
+  }
+  ~TileScope() {
+    if (on) _tile_release();
+  }
+  bool on;
+};
+
 template <bool Glu>
 void amx_run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* b0, at::Tensor& y) {
-  const int64_t M = x.size(0), K2 = panels.size(1), G = panels.size(0), ldx = x.stride(0), K = 2 * K2;
+  const int64_t M = x.size(0), K2 = panels.size(1), G = panels.size(0), ldx = x.stride(0);
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(panels.data_ptr());
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   const int64_t panel = K2 * NR * 2;
+  constexpr int64_t width = Glu ? HALF : NR;
   at::parallel_for(0, G, 1, [&](int64_t g0, int64_t g1) {
-    amx_begin();
-    std::vector<uint16_t> padded;  // the last 16 rows where M is no multiple of 16, zero-filled
-    alignas(64) float acc[16 * NR];
+    TileScope tiles(true);
+    std::vector<uint16_t> pad;
     for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {  // a block of rows stays in L2 while each panel passes
       const int64_t m1 = std::min(M, m0 + kAmxRows);
-      if ((m1 - m0) % 16) {
-        const int64_t last = m1 - (m1 - m0) % 16;
-        padded.assign(16 * K, 0);
-        for (int64_t r = last; r < m1; ++r) std::copy_n(xp + r * ldx, K, padded.data() + (r - last) * K);
-      }
-      for (int64_t g = g0; g < g1; ++g) {
-        constexpr int64_t width = Glu ? HALF : NR;
-        const int64_t cols = std::min(width, N - g * width);
-        for (int64_t s = m0; s < m1; s += 16) {
-          const int64_t rows = std::min<int64_t>(16, m1 - s);
-          for (int r = 0; r < 16; ++r) {
-            if (b0)
-              std::copy_n(b0 + g * NR, NR, acc + r * NR);
-            else
-              std::fill_n(acc + r * NR, NR, 0.f);
-          }
-          if (rows == 16)
-            amx_panel(xp + s * ldx, ldx, K2, wp + g * panel, acc);
-          else
-            amx_panel(padded.data(), K, K2, wp + g * panel, acc);
-          for (int64_t r = 0; r < rows; ++r) {
-            uint16_t out[NR];
-            uint16_t* dst = cols == width ? yp + (s + r) * N + g * width : out;
-            __m512 a[NV];
-            for (int v = 0; v < NV; ++v) a[v] = _mm512_loadu_ps(acc + r * NR + 16 * v);
-            if constexpr (Glu) {
-              glu<Bf16>(a, dst);
-            } else {
-              for (int v = 0; v < NV; ++v) Bf16::store(dst + 16 * v, a[v]);
-            }
-            if (cols < width) std::copy_n(out, cols, yp + (s + r) * N + g * width);
-          }
-        }
-      }
+      for (int64_t g = g0; g < g1; ++g)
+        amx_rows<Glu>(xp, ldx, m0, m1, K2, wp + g * panel, b0 ? b0 + g * NR : nullptr, yp + g * width, N,
+                      std::min(width, N - g * width), pad);
     }
-    _tile_release();
   });
 }
 #endif
@@ -385,9 +413,32 @@ void run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* 
 // dispatch, its thread fork and its Python a thousand times a step. Each phase (gate/up
 // for every expert, then down) spreads (expert, block of rows, panel) items over the
 // threads, so the experts' weights stream in one pass.
+// One parallel chunk's way through the panels: the AMX tiles (`tiles`, bf16 only) or the
+// AVX-512 tile, with no bias.
+template <class E, bool Glu>
+struct Through {
+  explicit Through(bool tiles) : tiles(tiles) {}
+  bool tiles;
+#if defined(PAGEDSERVE_AMX)
+  TileScope scope{tiles};
+  std::vector<uint16_t> pad;
+#endif
+  void operator()(const typename E::T* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K2, const typename E::T* w,
+                  typename E::T* y, int64_t ldy, int64_t cols) {
+#if defined(PAGEDSERVE_AMX)
+    if constexpr (std::is_same_v<typename E::T, uint16_t>) {
+      if (tiles) return amx_rows<Glu>(x, ldx, m0, m1, K2, w, nullptr, y, ldy, cols, pad);
+    }
+#endif
+    panel_rows<E, Glu>(x, ldx, m0, m1, K2, w, nullptr, y, ldy, cols);
+  }
+};
+
+// tiles1, tiles2: whether the gate/up and the down GEMMs run on the AMX tiles (tiles_take
+// of their K), as gemm would run each expert's own.
 template <class E>
 void moe_run(const at::Tensor& x, const int64_t* off, int64_t experts, const at::Tensor& gate_up,
-             const at::Tensor& down, at::Tensor& h, at::Tensor& y) {
+             const at::Tensor& down, at::Tensor& h, at::Tensor& y, bool tiles1, bool tiles2) {
   using T = typename E::T;
   const int64_t H = y.size(1), I = h.size(1);
   const int64_t G1 = gate_up.size(1), K1 = gate_up.size(2), G2 = down.size(1), K2 = down.size(2);
@@ -406,19 +457,20 @@ void moe_run(const at::Tensor& x, const int64_t* off, int64_t experts, const at:
   const auto* w1 = reinterpret_cast<const T*>(gate_up.data_ptr());
   const auto* w2 = reinterpret_cast<const T*>(down.data_ptr());
   at::parallel_for(0, n_blocks * G1, 1, [&](int64_t i0, int64_t i1) {
+    Through<E, true> through(tiles1);
     for (int64_t i = i0; i < i1; ++i) {
       const Block& b = blocks[i / G1];
       const int64_t g = i % G1;
-      panel_rows<E, true>(xp, x.stride(0), b.m0, b.m1, K1, w1 + (b.e * G1 + g) * panel1, nullptr, hp + g * HALF, I,
-                          std::min(HALF, I - g * HALF));
+      through(xp, x.stride(0), b.m0, b.m1, K1, w1 + (b.e * G1 + g) * panel1, hp + g * HALF, I,
+              std::min(HALF, I - g * HALF));
     }
   });
   at::parallel_for(0, n_blocks * G2, 1, [&](int64_t i0, int64_t i1) {
+    Through<E, false> through(tiles2);
     for (int64_t i = i0; i < i1; ++i) {
       const Block& b = blocks[i / G2];
       const int64_t g = i % G2;
-      panel_rows<E, false>(hp, I, b.m0, b.m1, K2, w2 + (b.e * G2 + g) * panel2, nullptr, yp + g * NR, H,
-                           std::min(NR, H - g * NR));
+      through(hp, I, b.m0, b.m1, K2, w2 + (b.e * G2 + g) * panel2, yp + g * NR, H, std::min(NR, H - g * NR));
     }
   });
 }
@@ -451,10 +503,11 @@ at::Tensor moe_glu(const at::Tensor& x, const at::Tensor& offsets, const at::Ten
   if (x.size(0) == 0) return y;
   at::Tensor h = at::empty({x.size(0), I}, x.options());
 #if defined(__AVX512BF16__)
-  if (dtype == at::kBFloat16) moe_run<Bf16>(x, op, E, gate_up, down, h, y);
+  if (dtype == at::kBFloat16)
+    moe_run<Bf16>(x, op, E, gate_up, down, h, y, tiles_take(dtype, x.size(1)), tiles_take(dtype, I));
 #endif
 #if defined(__AVX512F__)
-  if (dtype == at::kFloat) moe_run<F32>(x, op, E, gate_up, down, h, y);
+  if (dtype == at::kFloat) moe_run<F32>(x, op, E, gate_up, down, h, y, false, false);
 #endif
   return y;
 }
