@@ -52,8 +52,8 @@ def test_architecture_matches_transformers(model_type, backend, arch_dir):
     # (Besides the 8 sequences' states where the model has linear-attention layers.)
     blocks, budget = 16, 40
     if backend == "triton":
-        # The interpreter runs every kernel instance in numpy (about a minute for the case
-        # above); the layer's arithmetic is what it checks, on prompts past the window, while
+        # The interpreter runs every kernel instance in numpy (30-50 s a model for the case
+        # above, on 2 cores); the layer's arithmetic is what it checks, on prompts past the window, while
         # the native and torch cases check the scheduling around it. 40 tokens of budget still
         # chunk the 30-token prompts that share a step.
         prompts, new, blocks = prompts[:3], 8, 3 * 5

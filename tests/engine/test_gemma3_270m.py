@@ -59,7 +59,7 @@ def test_gemma3_270m_in_bf16_runs_fused_with_the_module_paths_tokens(gemma, monk
     three candidates came out equal to the bit in the module path, where the fused one
     picked the third): where they first depart, the fused pick must be among the module
     path's top five and at most 0.25 nats below its choice, as in test_loading's bf16
-    check. A norm left out or applied after the rounding departs by far more."""
+    check."""
     from engine.models.arch import ArchSpec
     from engine.sampling_params import SamplingParams
 
