@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from engine.errors import ParamError
-from engine.models import gguf_config, mxfp4
+from engine.models import gguf_index, mxfp4
 from engine.models.gguf_tensors import GGUF_EXPERTS, PERMUTED, grouped_order, unpermuted_order
 from engine.models.weights import rotary_order
 from kernels import quant
@@ -72,7 +72,7 @@ def replaced(param: str) -> bool:
     return param in ("embed_tokens.weight", "lm_head.weight") or param.endswith(REPLACED)
 
 
-def reader(source: str) -> Any:
+def reader(source: str) -> gguf_index.Index:
     """The GGUF file itself, or the one a model directory holds (scripts/import_model.py
     keeps the file next to the dequantized weights when it imports a GGUF)."""
     path = Path(source)
@@ -85,21 +85,24 @@ def reader(source: str) -> Any:
                          "checkpoints; scripts/import_model.py keeps an imported GGUF next to its weights)")
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _READERS:  # preflight and the load read the same file: parse it once (seconds for a big vocabulary)
+    if key not in _READERS:  # preflight and the load read the same file: index it once
         _READERS.clear()
-        _READERS[key] = gguf_config.open_reader(path)
+        try:
+            _READERS[key] = gguf_index.read(path)
+        except ValueError as exc:
+            raise ParamError("model", str(exc)) from None
     return _READERS[key]
 
 
-_READERS: dict[tuple[str, int, int], Any] = {}  # the last file's parsed header
+_READERS: dict[tuple[str, int, int], gguf_index.Index] = {}  # the last file's tensor directory
 
 
 def release() -> None:
-    """Drop the parsed header and its mapping of the file, once every tensor is read."""
+    """Drop the tensor directory and its mapping of the file, once every tensor is read."""
     _READERS.clear()
 
 
-def tensors(source: str) -> dict[str, Any]:
+def tensors(source: str) -> dict[str, gguf_index.Tensor]:
     return {t.name: t for t in reader(source).tensors}
 
 
@@ -112,7 +115,7 @@ def preflight(source: str) -> None:
             qtype(found, name)
 
 
-def qtype(found: dict[str, Any], name: str) -> int:
+def qtype(found: dict[str, gguf_index.Tensor], name: str) -> int:
     """The GGUF type of one tensor, refused if no kernel reads it."""
     t = found.get(name)
     if t is None:
@@ -125,7 +128,7 @@ def qtype(found: dict[str, Any], name: str) -> int:
     return kind
 
 
-def blocks(found: dict[str, Any], name: str) -> tuple[int, torch.Tensor, int]:
+def blocks(found: dict[str, gguf_index.Tensor], name: str) -> tuple[int, torch.Tensor, int]:
     """(type, [N, row_bytes] bytes, K) of one GGUF tensor, copied out of the mapping."""
     kind, t = qtype(found, name), found[name]
     k = int(t.shape[0])
