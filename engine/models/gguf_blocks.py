@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from engine.errors import ParamError
@@ -40,6 +41,11 @@ GGUF_ON_BLOCKS = frozenset({part for table in (GGUF_PARTS, GGUF_FUSED_PARTS, GGU
                             for parts in table.values() for part in parts} | {"token_embd", "output", *GGUF_EXPERTS})
 REPLACED = (".qkv_proj.weight", ".o_proj.weight", ".gate_up_proj.weight", ".down_proj.weight", ".experts_gate_up",
             ".experts_down", *(f".{ours}.weight" for ours in (*GGUF_LINEAR_PARTS, *GGUF_CONV_PARTS)))
+
+
+# Types some quantizers keep beside the blocks (the embedding or the head, or small
+# projections such as Qwen3.5's ssm_alpha and ssm_beta): served dense, in fp32.
+DENSE = {0: "F32", 1: "F16", 30: "BF16"}
 
 
 class Projection(NamedTuple):
@@ -108,11 +114,14 @@ def tensors(source: str) -> dict[str, gguf_index.Tensor]:
 
 def preflight(source: str) -> None:
     """Refuse a file the kernels cannot serve before the loader spends seconds to minutes
-    on it: every GEMM tensor's block type is read from the header."""
+    on it: every GEMM tensor's type is read from the header, and a file with no blocks
+    among them (all F16, say) is for the dense path."""
     found = tensors(source)
-    for name in found:
-        if on_blocks(name):
-            qtype(found, name)
+    kinds = {qtype(found, name) for name in found if on_blocks(name)}
+    if kinds and kinds <= set(DENSE):
+        raise ParamError("quantization", f"quantization 'gguf' computes on a GGUF file's blocks; every GEMM tensor "
+                         f"of {source!r} is {' or '.join(sorted(DENSE[k] for k in kinds))} (serve it with "
+                         "quantization null)")
 
 
 def qtype(found: dict[str, gguf_index.Tensor], name: str) -> int:
@@ -121,17 +130,25 @@ def qtype(found: dict[str, gguf_index.Tensor], name: str) -> int:
     if t is None:
         raise ParamError("quantization", f"the GGUF file has no tensor {name!r}")
     kind = int(t.tensor_type)
+    if kind in DENSE:
+        return kind
     if kind not in quant.FORMATS or kind == quant.INT8_ROWS:
-        supported = ", ".join(f.name for q, f in quant.FORMATS.items() if q != quant.INT8_ROWS)
+        supported = ", ".join([f.name for q, f in quant.FORMATS.items() if q != quant.INT8_ROWS] + list(DENSE.values()))
         raise ParamError("quantization", f"GGUF tensor {name!r} is {t.tensor_type.name}; quantization 'gguf' "
                          f"serves {supported}")
     return kind
 
 
 def blocks(found: dict[str, gguf_index.Tensor], name: str) -> tuple[int, torch.Tensor, int]:
-    """(type, [N, row_bytes] bytes, K) of one GGUF tensor, copied out of the mapping."""
+    """(type, data, K) of one GGUF tensor, copied out of the mapping: its [N, row_bytes]
+    block bytes, or for a type in DENSE its values, [N, K] in fp32 (exactly)."""
     kind, t = qtype(found, name), found[name]
     k = int(t.shape[0])
+    if kind in DENSE:
+        import gguf
+
+        values = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        return kind, torch.from_numpy(values.reshape(-1, k).copy()), k
     data = torch.from_numpy(t.data.copy()).view(torch.uint8).reshape(-1, quant.row_bytes(kind, k))
     if kind == quant.MXFP4:  # a NaN scale would compute silently
         try:

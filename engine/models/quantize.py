@@ -6,6 +6,7 @@ an expert layer's router stays dense.
 - "gguf": the GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and
   gpt-oss's MXFP4: every type the Q4_K_M, Q5_K_M, Q8_0 and legacy files hold), so the
   values are exactly those the file holds, which are the ones the fp32 path dequantizes;
+  tensors the file keeps in F32, F16 or BF16 beside them compute dense, in fp32;
 - "mxfp4": a checkpoint's MXFP4 experts (gpt-oss as OpenAI ships it) on their own blocks,
   read as GGML's MXFP4 (engine/models/mxfp4.py to_gguf_blocks) and never dequantized;
   every other GEMM stays dense, and so does the embedding;
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from engine.errors import ParamError
-from engine.models import gguf_blocks
+from engine.models import gguf_blocks, packed_linear
 from kernels import pages, quant
 
 MODES = ("gguf", "mxfp4", "int8")
@@ -70,12 +71,47 @@ class QuantLinear(nn.Module):
         return f"{quant.FORMATS[self.qtype].name}, in={self.in_features}, out={self.out_features}{a8}"
 
 
+class DenseRows(nn.Module):
+    """Rows a GGUF file keeps unquantized beside its blocks (gguf_blocks.DENSE), in fp32:
+    exactly the file's values, on the dense GEMM (prepacked where PackedLinear runs). The
+    fp32 weight itself is kept only where it is read: an embedding table, or no packing."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, table: bool = False) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        weight = weight.detach().float().contiguous()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        packs = packed_linear.supported(torch.device("cpu"), torch.float32)
+        self.packed = packed_linear.PackedLinear(weight, self.bias) if packs else None
+        self.register_buffer("weight", weight if table or not packs else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed(x)
+        return nn.functional.linear(x, self.weight, self.bias)
+
+    def dequantized(self) -> torch.Tensor:
+        if self.weight is not None:
+            return self.weight
+        eye, p = torch.eye(self.in_features), self.packed  # each product: one weight times 1, plus zeros
+        product = (packed_linear.panel_linear(eye, p.panels, p.out_features, None) if p.panels is not None
+                   else packed_linear.linear(eye, p.packed, None))
+        return product.T.contiguous()
+
+    def nbytes(self) -> int:
+        held = [self.weight] + ([self.packed.panels, self.packed.packed] if self.packed is not None else [])
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
+    def extra_repr(self) -> str:
+        return f"dense fp32, in={self.in_features}, out={self.out_features}"
+
+
 class QuantConcat(nn.Module):
     """A fused projection whose GGUF parts hold different block types (Q4_K_M files keep
-    attn_v in Q6_K beside a Q4_K attn_q and attn_k): each part on its own blocks, their
-    outputs side by side, as the fused weight would give them."""
+    attn_v in Q6_K beside a Q4_K attn_q and attn_k), or some none (DenseRows): each part
+    on its own blocks, their outputs side by side, as the fused weight would give them."""
 
-    def __init__(self, parts: list[QuantLinear]) -> None:
+    def __init__(self, parts: list[QuantLinear | DenseRows]) -> None:
         super().__init__()
         self.parts = nn.ModuleList(parts)
         self.in_features = parts[0].in_features
@@ -108,26 +144,33 @@ class InputOrder(nn.Module):
 
 
 def quant_rows(rows: list[torch.Tensor], qtypes: list[int], k: int, bias: torch.Tensor | None
-               ) -> QuantLinear | QuantConcat:
-    """One projection from the row blocks of its parts: a single QuantLinear where the parts
-    share a block type, else a QuantConcat of one per part (the bias split with them)."""
+               ) -> QuantLinear | DenseRows | QuantConcat:
+    """One projection from the row blocks of its parts (or their fp32 rows, for a type in
+    gguf_blocks.DENSE): one module where the parts share a type, else a QuantConcat of one
+    per part (the bias split with them)."""
     if len(set(qtypes)) == 1:
-        return QuantLinear(torch.cat(rows), None, qtypes[0], k, bias)
+        return _part(torch.cat(rows), qtypes[0], k, bias)
     sizes = [r.shape[0] for r in rows]
     biases = bias.split(sizes) if bias is not None else [None] * len(rows)
-    return QuantConcat([QuantLinear(r, None, q, k, b) for r, q, b in zip(rows, qtypes, biases)])
+    return QuantConcat([_part(r, q, k, b) for r, q, b in zip(rows, qtypes, biases)])
+
+
+def _part(rows: torch.Tensor, qtype: int, k: int, bias: torch.Tensor | None) -> QuantLinear | DenseRows:
+    return DenseRows(rows, bias) if qtype in gguf_blocks.DENSE else QuantLinear(rows, None, qtype, k, bias)
 
 
 class QuantEmbedding(nn.Module):
-    """Rows of a quantized matrix, dequantized as they are looked up; it can share its
-    weights with the head (tied embeddings)."""
+    """Rows of a quantized matrix, dequantized as they are looked up (or of a DenseRows
+    table, read as they are); it can share its weights with the head (tied embeddings)."""
 
-    def __init__(self, table: QuantLinear) -> None:
+    def __init__(self, table: QuantLinear | DenseRows) -> None:
         super().__init__()
         self.table = table
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = self.table
+        if isinstance(t, DenseRows):
+            return nn.functional.embedding(ids, t.weight)
         return quant.dequant_rows(t.qweight, t.scales, ids, t.qtype, t.in_features)
 
 
@@ -267,6 +310,8 @@ def weight_bytes(model: nn.Module) -> int:
     for mod in model.modules():
         if isinstance(mod, QuantLinear):  # a QuantConcat's parts are among the modules
             seen[id(mod)] = mod.qweight.numel() * mod.qweight.element_size()
+        elif isinstance(mod, DenseRows):
+            seen[id(mod)] = mod.nbytes()
     if not seen:
         return 0
     return sum(seen.values()) + sum(p.numel() * p.element_size() for p in model.parameters())
@@ -287,9 +332,9 @@ def _int8_expert(moe: Any, e: int) -> tuple[QuantLinear, QuantLinear]:
 
 
 # -- GGUF -------------------------------------------------------------------------------
-def _gguf_table(tensors: dict[str, Any], name: str) -> QuantLinear:
+def _gguf_table(tensors: dict[str, Any], name: str) -> QuantLinear | DenseRows:
     qtype, data, k = gguf_blocks.blocks(tensors, f"{name}.weight")
-    return QuantLinear(data, None, qtype, k)
+    return DenseRows(data, table=True) if qtype in gguf_blocks.DENSE else QuantLinear(data, None, qtype, k)
 
 
 def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, nn.Module]:
@@ -306,10 +351,10 @@ def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, 
 
 
 def _gguf_experts(tensors: dict[str, Any], names: tuple[str, str, str], moe: Any
-                  ) -> list[tuple[nn.Module, QuantLinear]]:
+                  ) -> list[tuple[nn.Module, nn.Module]]:
     """Each expert's gate/up and down on the file's own blocks (gpt-oss's biases beside
     them), cut from the layer's merged tensors."""
     (qg, gate, k), (qu, up, _), (qd, down, inter) = (gguf_blocks.blocks(tensors, name) for name in names)
     n, i = moe.spec.experts, moe.inter
     return [(quant_rows([gate[e * i:(e + 1) * i], up[e * i:(e + 1) * i]], [qg, qu], k, moe.expert_bias("gate_up", e)),
-             QuantLinear(down[e * k:(e + 1) * k], None, qd, inter, moe.expert_bias("down", e))) for e in range(n)]
+             _part(down[e * k:(e + 1) * k], qd, inter, moe.expert_bias("down", e))) for e in range(n)]

@@ -97,14 +97,15 @@ def _conversions_in_this_run(tmp_path_factory):
 def written(tmp_path_factory, default_model_dir):
     made = {}
 
-    def make(model_type: str, qtype: str = "F32"):
-        if (model_type, qtype) not in made:
+    def make(model_type: str, qtype: str = "F32", keep: dict[str, str] | None = None):
+        key = model_type, qtype, tuple(sorted((keep or {}).items()))
+        if key not in made:
             root = tmp_path_factory.mktemp(f"{model_type}-{qtype}")
             hf_dir = arch_models.build(model_type, root / "hf", default_model_dir, vocab_size=gguf_files.VOCAB,
                                        **GGUF_OVERRIDES[model_type])
-            gguf = gguf_files.write(hf_dir, root / f"{model_type}.gguf", qtype)
-            made[model_type, qtype] = hf_dir, gguf
-        return made[model_type, qtype]
+            gguf = gguf_files.write(hf_dir, root / f"{model_type}.gguf", qtype, keep=keep)
+            made[key] = hf_dir, gguf
+        return made[key]
 
     return make
 
@@ -275,8 +276,8 @@ def test_computing_on_the_blocks_converts_only_what_stays_dense(written, tmp_pat
         LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization="gguf")
 
 
-def test_a_block_type_without_a_kernel_is_refused_by_name(written):
-    """An F16 file's tensors are no block type: `gguf` is refused naming the type, and
+def test_a_file_without_blocks_is_for_the_dense_path(written):
+    """An F16 file's GEMM tensors are no blocks: `gguf` is refused naming the type, and
     `auto` serves the dense weights."""
     _, gguf = written("qwen2", "F16")
     with pytest.raises(ParamError) as e:
@@ -284,6 +285,33 @@ def test_a_block_type_without_a_kernel_is_refused_by_name(written):
     assert e.value.param == "quantization" and "is F16" in str(e.value)
     llm = LLM(str(gguf), dtype="float32", max_model_len=64, quantization="auto")
     assert llm.engine.config.quantization is None
+
+
+@pytest.mark.parametrize("model_type, keep", [
+    # an F16 part in the fused qkv (its rows interleaved), the embedding and head dense
+    ("llama", {"attn_k.weight": "F16", "token_embd.weight": "F32", "output.weight": "BF16"}),
+    # the small ssm_alpha/ssm_beta full precision, as published Qwen3.5 quants keep them,
+    # beside tiled value heads; out_proj dense under its column order
+    ("qwen3_5_text", {"ssm_alpha.weight": "F32", "ssm_beta.weight": "BF16", "ssm_out.weight": "F16"}),
+    # dense routed experts' down and a dense part of the shared expert's gate/up
+    ("qwen2_moe", {"ffn_down_exps.weight": "F16", "ffn_gate_shexp.weight": "BF16"}),
+])
+def test_parts_a_file_keeps_unquantized_compute_beside_its_blocks(model_type, keep, written):
+    """Quantizers keep some tensors F32, F16 or BF16 beside the blocks; under `gguf` they
+    compute dense in fp32 (their exact values) and the rest on the blocks: the tokens of
+    the same file dequantized."""
+    from engine.models.quantize import DenseRows, QuantLinear
+
+    _, gguf = written(model_type, "Q8_0", keep)
+    prompts = prompts_for(model_type)
+    dense = LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization=None)
+    want = engine_greedy(dense, prompts, 12, ignore_eos=True)
+    del dense
+    quantized = LLM(str(gguf), dtype="float32", max_model_len=64, block_size=8, quantization="auto")
+    assert quantized.engine.config.quantization == "gguf"
+    kinds = {type(m) for m in quantized.engine.executor.runner.model.modules()}
+    assert {DenseRows, QuantLinear} <= kinds
+    assert engine_greedy(quantized, prompts, 12, ignore_eos=True) == want
 
 
 def test_a_chat_gguf_stops_on_the_turn_end_its_template_writes(written, tmp_path, default_model_dir):

@@ -145,8 +145,9 @@ def test_gguf_needs_a_gguf_file(tiny_model_factory):
 
 
 def test_a_block_type_without_a_kernel_is_refused(tmp_path, monkeypatch):
-    """The embedded file with its Q8_0 embedding rewritten as F16, a type no kernel reads."""
+    """The embedded file with its embedding rewritten as IQ4_NL, a type no kernel reads."""
     import gguf
+    import numpy as np
 
     reader = gguf.GGUFReader(default_model_path())
     path = tmp_path / "f16-embedding.gguf"
@@ -158,8 +159,10 @@ def test_a_block_type_without_a_kernel_is_refused(tmp_path, monkeypatch):
         writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
     for t in reader.tensors:
         if t.name == "token_embd.weight":
-            dense = gguf.dequantize(t.data, t.tensor_type).astype("float16")
-            writer.add_tensor(t.name, dense, raw_dtype=gguf.GGMLQuantizationType.F16)
+            kind = gguf.GGMLQuantizationType.IQ4_NL
+            rows, k = int(t.shape[1]), int(t.shape[0])
+            block, size = gguf.GGML_QUANT_SIZES[kind]
+            writer.add_tensor(t.name, np.zeros((rows, k // block * size), np.uint8), raw_dtype=kind)
         else:
             writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)  # the data's shape is its byte shape
     writer.write_header_to_file()
@@ -167,7 +170,7 @@ def test_a_block_type_without_a_kernel_is_refused(tmp_path, monkeypatch):
     writer.write_tensors_to_file()
     writer.close()
     monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(ParamError, match="F16") as err:
+    with pytest.raises(ParamError, match="'token_embd.weight' is IQ4_NL") as err:
         LLM(str(path), quantization="gguf", **KW)
     assert err.value.param == "quantization"
     # refused from the file's header, before the loader spent time and disk dequantizing it

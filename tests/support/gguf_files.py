@@ -70,12 +70,16 @@ def byte_tokenizer(writer, specials: tuple[str, ...] = (), vocab: int = VOCAB, p
 
 
 def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None = None,
-          specials: tuple[str, ...] = (), mxfp4_experts: bool = False, mtp_layers: int = 0, **tokenizer) -> Path:
-    """`chat_template` and its `specials` (control tokens) go in the tokenizer, as a chat
-    model's converter writes them; `mxfp4_experts` writes merged experts in GGML's MXFP4;
-    `mtp_layers` appends that many multi-token-prediction blocks after the last layer, as
-    GLM-4.5's converter does (a copy of the last layer with its `nextn.*` tensors, counted
-    in block_count); `tokenizer` holds byte_tokenizer's `pre` and `merges`."""
+          specials: tuple[str, ...] = (), mxfp4_experts: bool = False, mtp_layers: int = 0,
+          keep: dict[str, str] | None = None, **tokenizer) -> Path:
+    """`keep` {name suffix: F32, F16 or BF16}: tensors whose GGUF names end so are written
+    in that type instead of `qtype`, as some quantizers keep the embedding, the head or
+    small projections; `chat_template` and its `specials` (control tokens) go in the
+    tokenizer, as a chat model's converter writes them; `mxfp4_experts` writes merged
+    experts in GGML's MXFP4; `mtp_layers` appends that many multi-token-prediction blocks
+    after the last layer, as GLM-4.5's converter does (a copy of the last layer with its
+    `nextn.*` tensors, counted in block_count); `tokenizer` holds byte_tokenizer's `pre`
+    and `merges`."""
     import gguf
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -231,7 +235,13 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         if gguf_name.endswith("attn_sinks"):
             gguf_name += ".weight"  # llama.cpp names the sinks as a weight
         array = data.numpy().astype(np.float32)
-        if mxfp4_experts and "_exps.weight" in gguf_name:
+        kept = next((t for suffix, t in (keep or {}).items() if gguf_name.endswith(suffix)), None)
+        if kept in ("F32", "F16"):
+            writer.add_tensor(gguf_name, array.astype(np.float16 if kept == "F16" else np.float32))
+        elif kept == "BF16":
+            kind = gguf.GGMLQuantizationType.BF16
+            writer.add_tensor(gguf_name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+        elif mxfp4_experts and "_exps.weight" in gguf_name:
             kind = gguf.GGMLQuantizationType.MXFP4  # as llama.cpp's converter keeps gpt-oss's experts
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, kind), raw_dtype=kind)
         elif qtype != "F32" and array.ndim in (2, 3) and array.shape[-1] % 32 == 0:
