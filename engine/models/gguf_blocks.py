@@ -17,7 +17,7 @@ import torch
 
 from engine.errors import ParamError
 from engine.models import gguf_index, mxfp4
-from engine.models.gguf_tensors import GGUF_EXPERTS, PERMUTED, grouped_order, unpermuted_order
+from engine.models.gguf_tensors import GGUF_EXPERTS, PERMUTED, TILED, grouped_order, unpermuted_order
 from engine.models.weights import rotary_order
 from kernels import quant
 
@@ -34,11 +34,13 @@ GGUF_SHARED_PARTS = {"mlp.shared_expert.gate_up_proj": ("ffn_gate_shexp", "ffn_u
 # in_proj_b and in_proj_a as one GEMM) and LFM2's short convolution.
 GGUF_LINEAR_PARTS = {"linear_attn.in_proj": ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"),
                      "linear_attn.out_proj": ("ssm_out",)}
+GGUF_BA_PARTS = ("attn_qkv", "attn_gate", "ssm_ba")  # Qwen3-Next's in_proj
 GGUF_CONV_PARTS = {"conv.in_proj": ("shortconv.in_proj",), "conv.out_proj": ("shortconv.out_proj",)}
 # Every GGUF tensor read here (as `<name>.weight`), and our parameters they fill.
 GGUF_ON_BLOCKS = frozenset({part for table in (GGUF_PARTS, GGUF_FUSED_PARTS, GGUF_SHARED_PARTS, GGUF_LINEAR_PARTS,
                                                GGUF_CONV_PARTS)
-                            for parts in table.values() for part in parts} | {"token_embd", "output", *GGUF_EXPERTS})
+                            for parts in table.values() for part in parts}
+                           | {"token_embd", "output", *GGUF_EXPERTS, *GGUF_BA_PARTS})
 REPLACED = (".qkv_proj.weight", ".o_proj.weight", ".gate_up_proj.weight", ".down_proj.weight", ".experts_gate_up",
             ".experts_down", *(f".{ours}.weight" for ours in (*GGUF_LINEAR_PARTS, *GGUF_CONV_PARTS)))
 
@@ -178,13 +180,25 @@ def projections(model: Any, found: dict[str, Any], config: Any) -> Iterator[Proj
             parts = {k: v for k, v in parts.items() if not k.startswith("mlp.")}
             if layer.mlp.spec.shared_inter:
                 parts.update(GGUF_SHARED_PARTS)
+        if f"blk.{first + i}.ssm_ba.weight" in found:  # Qwen3-Next's b and a, one tensor
+            parts["linear_attn.in_proj"] = GGUF_BA_PARTS
         for ours, theirs in parts.items():
             names = tuple(f"blk.{first + i}.{name}.weight" for name in theirs)
             rows = {n: orders[p] for n, p in zip(names, theirs) if p in orders}
             cols = None
-            if ours.startswith("linear_attn."):
+            if theirs == GGUF_BA_PARTS:
+                rows = {names[-1]: _ba_order(layer.linear_attn.spec)}
+            elif ours.startswith("linear_attn.") and config.model_type in TILED:
                 rows, cols = _value_head_orders(layer.linear_attn.spec, names)
             yield Projection(f"{i}.{ours}", names, rows, cols)
+
+
+def _ba_order(spec: Any) -> torch.Tensor:
+    """Qwen3-Next's ssm_ba rows (each key head's b for its value heads, then their a) as
+    in_proj's b rows then a rows."""
+    per = spec.value_heads // spec.key_heads
+    rows = torch.arange(2 * spec.value_heads).view(spec.key_heads, 2, per)
+    return torch.cat([rows[:, 0].reshape(-1), rows[:, 1].reshape(-1)])
 
 
 def _value_head_orders(spec: Any, names: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:

@@ -381,13 +381,35 @@ def _qwen35(config: Any, get, tensors: dict[str, Any]) -> Any:
                              architectures=["Qwen3_5ForCausalLM"])
 
 
+def _qwen3next(config: Any, get, tensors: dict[str, Any]) -> Any:
+    """Qwen3-Next (`qwen3next`): Qwen3.5's layers as `_qwen35` reads them, its value heads in
+    the checkpoint's order (its converter tiles none), experts on every layer (llama.cpp
+    names no dense MLP for it) beside the shared expert, each token's top k renormalised
+    as llama.cpp and the released models do."""
+    from transformers import Qwen3NextConfig
+
+    linear = _qwen35(config, get, tensors).to_dict()
+    keep = {k: linear[k] for k in ("layer_types", "linear_num_key_heads", "linear_num_value_heads",
+                                   "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")}
+    fields = llama_fields(config)
+    fields["num_hidden_layers"] = len(keep["layer_types"])
+    rope = dict(fields.pop("rope_parameters"))
+    return Qwen3NextConfig(**fields, **keep, num_experts=_need(get, "expert_count"),
+                           num_experts_per_tok=_need(get, "expert_used_count"),
+                           moe_intermediate_size=_need(get, "expert_feed_forward_length"),
+                           shared_expert_intermediate_size=_need(get, "expert_shared_feed_forward_length"),
+                           norm_topk_prob=bool(get("expert_weights_norm", True)), decoder_sparse_step=1,
+                           mlp_only_layers=[], partial_rotary_factor=rope.get("partial_rotary_factor", 1.0),
+                           rope_parameters=rope, architectures=["Qwen3NextForCausalLM"])
+
+
 # Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
 BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": _gemma, "nemotron": _nemotron,
             "olmoe": _olmoe, "stablelm": _stablelm, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
             "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere, "starcoder2": _starcoder2, "apertus": _apertus,
             "hunyuan-dense": _hunyuan, "ernie4_5-moe": _ernie4_5_moe, "glm4moe": _glm4_moe, "dots1": _dots1,
             "mistral3": _mistral3, "granitemoe": _granitemoe, "qwen35": _qwen35, "qwen35moe": _qwen35moe,
-            "lfm2": _lfm2}
+            "qwen3next": _qwen3next, "lfm2": _lfm2}
 # Those whose tensors are Llama's too (q and k interleaved as Llama's), which transformers'
 # reader converts; every other one's are the checkpoint's, only renamed
 # (engine/models/gguf_tensors.py convert_named).

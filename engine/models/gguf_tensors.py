@@ -79,6 +79,9 @@ def convert_named(path: Path, arch: str, config: Any, keep: Callable[[str], bool
         gguf_name = names.get_name(_as_converted(hf_name), try_suffixes=(".weight", ".bias"))  # the suffix kept
         if gguf_name is not None:
             theirs.setdefault(gguf_name, hf_name)
+        if hf_name.endswith(".linear_attn.in_proj_qkvz.weight"):  # Qwen3-Next's, split by its converter
+            blk, stem = gguf_name.removesuffix("ssm_in.weight"), hf_name.removesuffix("qkvz.weight")
+            theirs[f"{blk}attn_qkv.weight"], theirs[f"{blk}attn_gate.weight"] = f"{stem}qkv.weight", f"{stem}z.weight"
     reader = gguf.GGUFReader(path)
     out: dict[str, torch.Tensor] = _xielu(reader, config) if config.model_type == "apertus" else {}
     experts: dict[tuple[int, str], torch.Tensor] = {}
@@ -112,8 +115,10 @@ def convert_named(path: Path, arch: str, config: Any, keep: Callable[[str], bool
 
 
 # The model types with Qwen3.5's linear-attention layers, whose tensors the converter
-# transforms beyond renaming (`_linear_attention` undoes it).
-LINEAR_ATTENTION = ("qwen3_5_text", "qwen3_5_moe_text")
+# transforms beyond renaming (`_linear_attention` undoes it); Qwen3.5's files also tile the
+# value heads, Qwen3-Next's keep the checkpoint's order.
+LINEAR_ATTENTION = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+TILED = ("qwen3_5_text", "qwen3_5_moe_text")
 
 
 def _linear_attention(config: Any, name: str, data: torch.Tensor) -> torch.Tensor:
@@ -129,6 +134,8 @@ def _linear_attention(config: Any, name: str, data: torch.Tensor) -> torch.Tenso
         return data
     if name.endswith(".A_log"):
         data = torch.log(-data)
+    if config.model_type not in TILED:
+        return data.unsqueeze(1) if name.endswith("conv1d.weight") else data
     qk, dv = 2 * config.linear_num_key_heads * config.linear_key_head_dim, config.linear_value_head_dim
     heads = config.linear_num_key_heads, config.linear_num_value_heads
     if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):  # q and k rows as they were; v's grouped

@@ -81,6 +81,9 @@ GGUF_OVERRIDES = {
     "qwen3_5_text": dict(),  # two key heads shared by four value heads: the converter's tiling undone
     "qwen3_5_moe_text": dict(moe_intermediate_size=64),
     "lfm2": dict(),  # its MLP size derived (192 -> 128): the file holds the derived one
+    # Qwen3-Next: its qkvz and ba projections split and kept as its converter writes them;
+    # experts on every layer (llama.cpp names no dense MLP for it), top k renormalised
+    "qwen3_next": dict(moe_intermediate_size=64, norm_topk_prob=True, mlp_only_layers=[]),
 }
 
 
@@ -229,7 +232,7 @@ def test_a_glm4_moe_gguf_leaves_its_multi_token_prediction_layer_out(tmp_path, d
                                                ("ernie4_5_moe", "Q8_0"), ("glm4_moe", "Q5_1"), ("dots1", "Q8_0"),
                                                ("ministral3", "Q8_0"), ("granitemoeshared", "Q8_0"),
                                                ("qwen3_5_text", "Q8_0"), ("qwen3_5_moe_text", "Q5_1"),
-                                               ("lfm2", "Q8_0")])
+                                               ("lfm2", "Q8_0"), ("qwen3_next", "Q8_0")])
 def test_quantization_gguf_computes_on_the_files_blocks(model_type, qtype, written):
     """Llama's q and k rows come interleaved, beside its rope_freqs.weight, and so do SmolLM3's
     and Granite's, filed under their own names with Llama's tensors; Qwen3's are not
@@ -376,7 +379,7 @@ def test_a_conversion_is_found_by_the_files_bytes_not_its_path(written, tmp_path
 
 @pytest.mark.parametrize("model_type, qtype", [("qwen2_moe", "Q5_1"), ("phi3", "Q8_0"), ("mixtral", "F16"),
                                                ("gemma3_text", "BF16"), ("olmo3", "Q8_0"), ("qwen3_5_text", "Q8_0"),
-                                               ("lfm2", "Q8_0")])
+                                               ("lfm2", "Q8_0"), ("qwen3_next", "Q8_0")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_dense_weights_read_from_the_blocks_are_the_fp32_conversions(model_type, qtype, dtype, written, tmp_path,
                                                                        monkeypatch):

@@ -25,7 +25,7 @@ GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen
              "apertus": "APERTUS", "hunyuan_v1_dense": "HUNYUAN_DENSE", "ernie4_5_moe": "ERNIE4_5_MOE",
              "glm4_moe": "GLM4_MOE", "dots1": "DOTS1", "ministral3": "MISTRAL3", "granitemoe": "GRANITE_MOE",
              "granitemoeshared": "GRANITE_MOE", "qwen3_5_text": "QWEN35", "qwen3_5_moe_text": "QWEN35MOE",
-             "lfm2": "LFM2"}
+             "lfm2": "LFM2", "qwen3_next": "QWEN3NEXT"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -40,7 +40,8 @@ EXPERT_KEYS = {"qwen2_moe": ("num_experts", "moe_intermediate_size"),
                "dots1": ("n_routed_experts", "moe_intermediate_size"),
                "granitemoe": ("num_local_experts", "intermediate_size"),
                "granitemoeshared": ("num_local_experts", "intermediate_size"),
-               "qwen3_5_moe_text": ("num_experts", "moe_intermediate_size")}
+               "qwen3_5_moe_text": ("num_experts", "moe_intermediate_size"),
+               "qwen3_next": ("num_experts", "moe_intermediate_size")}
 
 
 def byte_tokenizer(writer, specials: tuple[str, ...] = (), vocab: int = VOCAB, pre: str = "default",
@@ -168,7 +169,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_expert_count(count)
         writer.add_expert_used_count(config.num_experts_per_tok)
         writer.add_expert_feed_forward_length(size)
-    if config.model_type in ("qwen2_moe", "qwen3_5_moe_text"):
+    if config.model_type in ("qwen2_moe", "qwen3_5_moe_text", "qwen3_next"):
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     if config.model_type in ("granitemoe", "granitemoeshared"):
         tensors = _granite_experts(tensors, config)
@@ -187,7 +188,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
     if config.model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "ernie4_5_moe", "glm4_moe", "dots1",
-                             "qwen3_5_moe_text"):
+                             "qwen3_5_moe_text", "qwen3_next"):
         count = getattr(config, EXPERT_KEYS[config.model_type][0])
         tensors = _merge_experts(tensors, config.num_hidden_layers, count)
     if config.model_type in ("ernie4_5_moe", "glm4_moe", "dots1"):  # as its converter renames it for the name map
@@ -211,6 +212,8 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
             add([tensors.pop(f"model.layers.{i}.mlp.act_fn.{key}").item() for i in range(layers)])
     if config.model_type in ("qwen3_5_text", "qwen3_5_moe_text"):
         tensors = _qwen35(writer, tensors, config, head_dim, rope)
+    if config.model_type == "qwen3_next":
+        tensors = _qwen35(writer, _qwen3next_split(tensors, config), config, head_dim, rope, tiled=False)
     for k in range(mtp_layers):
         tensors.update(_mtp_block(tensors, layers - 1, layers + k, config.hidden_size))
     assert config.vocab_size == VOCAB, "build the checkpoint with vocab_size=gguf_files.VOCAB"
@@ -225,7 +228,8 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
             gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             assert gguf_name is not None, hf_name
         data = tensor.float()
-        if config.model_type in ("gemma", "gemma2", "gemma3_text", "nemotron", "qwen3_5_text", "qwen3_5_moe_text") \
+        if config.model_type in ("gemma", "gemma2", "gemma3_text", "nemotron", "qwen3_5_text", "qwen3_5_moe_text",
+                                 "qwen3_next") \
                 and hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
             data = data + 1  # the converter stores Gemma's, Nemotron's and Qwen3.5's (1 + w)
         if hf_name.endswith(".conv.conv.weight") and config.model_type == "lfm2":
@@ -256,7 +260,26 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     return out
 
 
-def _qwen35(writer, tensors: dict[str, torch.Tensor], config, head_dim: int, rope: dict) -> dict[str, torch.Tensor]:
+def _qwen3next_split(tensors: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """Qwen3-Next's in_proj_qkvz (each key head's q, k, then its value heads' v and z) as its
+    converter writes it: all q, all k, all v as one tensor (attn_qkv), all z as another
+    (attn_gate); in_proj_ba is written as the checkpoint holds it (ssm_ba)."""
+    nk, per = config.linear_num_key_heads, config.linear_num_value_heads // config.linear_num_key_heads
+    dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("in_proj_qkvz.weight"):
+            q, k, v, z = t.reshape(nk, -1, t.shape[-1]).split([dk, dk, per * dv, per * dv], dim=1)
+            stem = name.removesuffix("qkvz.weight")
+            out[f"{stem}qkv.weight"] = torch.cat([x.reshape(-1, t.shape[-1]) for x in (q, k, v)])
+            out[f"{stem}z.weight"] = z.reshape(-1, t.shape[-1])
+        else:
+            out[name] = t
+    return out
+
+
+def _qwen35(writer, tensors: dict[str, torch.Tensor], config, head_dim: int, rope: dict, tiled: bool = True
+            ) -> dict[str, torch.Tensor]:
     """Qwen3.5's keys and tensors as llama.cpp's converter writes them: the linear layers'
     sizes under Mamba's `ssm.*` names, their flags and the attention interval, the rotary
     width and M-RoPE sections; A_log as -exp(A_log), dt_bias as the name map's dt_proj
@@ -270,11 +293,15 @@ def _qwen35(writer, tensors: dict[str, torch.Tensor], config, head_dim: int, rop
     writer.add_ssm_time_step_rank(nv)
     writer.add_ssm_inner_size(dv * nv)
     writer.add_full_attention_interval(4)
-    writer.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
-    writer.add_rope_dimension_sections([*rope.get("mrope_section", [11, 11, 10]), 0])
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor",
+                                                            getattr(config, "partial_rotary_factor", 1.0))))
+    if tiled:  # Qwen3.5's M-RoPE sections (Qwen3-Next turns text by the plain rotary)
+        writer.add_rope_dimension_sections([*rope.get("mrope_section", [11, 11, 10]), 0])
     per, qk = nv // nk, 2 * nk * dk
 
-    def tiled(t: torch.Tensor, dim: int, d: int) -> torch.Tensor:  # grouped [nk, per, d] -> [per, nk, d]
+    def tile(t: torch.Tensor, dim: int, d: int) -> torch.Tensor:  # grouped [nk, per, d] -> [per, nk, d]
+        if not tiled:
+            return t
         shape = list(t.shape)
         return t.reshape(*shape[:dim], nk, per, d, *shape[dim + 1:]).transpose(dim, dim + 1).reshape(shape)
 
@@ -282,13 +309,13 @@ def _qwen35(writer, tensors: dict[str, torch.Tensor], config, head_dim: int, rop
     for name, t in tensors.items():
         if ".linear_attn." in name:
             if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
-                t = torch.cat([t[:qk], tiled(t[qk:], 0, dv)])
+                t = torch.cat([t[:qk], tile(t[qk:], 0, dv)])
             elif name.endswith("in_proj_z.weight"):
-                t = tiled(t, 0, dv)
+                t = tile(t, 0, dv)
             elif name.endswith(("in_proj_a.weight", "in_proj_b.weight", ".A_log", ".dt_bias")):
-                t = tiled(t, 0, 1)
+                t = tile(t, 0, 1)
             elif name.endswith("out_proj.weight"):
-                t = tiled(t, 1, dv)
+                t = tile(t, 1, dv)
             if name.endswith(".A_log"):
                 t = -torch.exp(t)
             if name.endswith("conv1d.weight"):
