@@ -87,7 +87,8 @@ def parsed_once() -> Iterator[None]:
 # Keys transformers' GGUF reader misreads: for gpt-oss it takes a rope scaling field's first
 # part (the key's length) as its value and fails on every file llama.cpp writes. Within
 # parsed_once they are read here and hidden from it.
-MISREAD = ("gpt-oss.rope.scaling.", "lfm2.attention.head_count_kv")  # LFM2's: a count per layer, 0 for a convolution
+# LFM2's and LFM2-MoE's head_count_kv: a count per layer, 0 for a convolution.
+MISREAD = ("gpt-oss.rope.scaling.", "lfm2.attention.head_count_kv", "lfm2moe.attention.head_count_kv")
 
 
 def _hide_misread(reader: Any) -> Any:

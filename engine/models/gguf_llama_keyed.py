@@ -8,25 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from engine.errors import ParamError
+from engine.models import gguf_state_keyed
+from engine.models.gguf_fields import llama_fields, main_layers, need
 from engine.models.layers import rotary
-
-
-def llama_fields(config: Any) -> dict[str, Any]:
-    """What a Llama config read from a GGUF carries over to the config of the architecture
-    the file really holds."""
-    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_parameters",
-            "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id")
-    return {k: getattr(config, k) for k in keep if hasattr(config, k)}
-
-
-def _need(get, key: str) -> int:
-    """A count the config cannot do without: a file that lacks it (or holds no number
-    there) is refused naming the key, not met by a TypeError."""
-    value = get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
-        raise ParamError("model", f"the GGUF file's {key!r} is {value!r}; a positive count is needed")
-    return int(value)
 
 
 def _multipliers(fields: dict[str, Any], get) -> dict[str, float]:
@@ -54,8 +38,8 @@ def _granitemoe(config: Any, get, tensors: dict[str, Any]) -> Any:
     from transformers import GraniteMoeConfig, GraniteMoeSharedConfig
 
     fields = {k: v for k, v in llama_fields(config).items() if k != "intermediate_size"}
-    fields.update(_multipliers(fields, get), num_local_experts=_need(get, "expert_count"),
-                  num_experts_per_tok=_need(get, "expert_used_count"),
+    fields.update(_multipliers(fields, get), num_local_experts=need(get, "expert_count"),
+                  num_experts_per_tok=need(get, "expert_used_count"),
                   intermediate_size=int(get("expert_feed_forward_length", config.intermediate_size)))
     shared = get("expert_shared_feed_forward_length")
     if shared:
@@ -71,8 +55,8 @@ def mixtral(config: Any, get) -> Any:
     fields = {k: v for k, v in llama_fields(config).items() if k != "intermediate_size"}
     return MixtralConfig(**fields,
                          intermediate_size=int(get("expert_feed_forward_length", config.intermediate_size)),
-                         num_local_experts=_need(get, "expert_count"),
-                         num_experts_per_tok=_need(get, "expert_used_count"),
+                         num_local_experts=need(get, "expert_count"),
+                         num_experts_per_tok=need(get, "expert_used_count"),
                          sliding_window=None, architectures=["MixtralForCausalLM"])
 
 
@@ -212,8 +196,8 @@ def _olmoe(config: Any, get, tensors: dict[str, Any]) -> Any:
     feed-forward length); llama.cpp does not renormalise the top-k, as OLMoE's configs do not."""
     from transformers import OlmoeConfig
 
-    return OlmoeConfig(**llama_fields(config), num_experts=_need(get, "expert_count"),
-                       num_experts_per_tok=_need(get, "expert_used_count"), norm_topk_prob=False,
+    return OlmoeConfig(**llama_fields(config), num_experts=need(get, "expert_count"),
+                       num_experts_per_tok=need(get, "expert_used_count"), norm_topk_prob=False,
                        attention_bias="blk.0.attn_q.bias" in tensors, architectures=["OlmoeForCausalLM"])
 
 
@@ -257,8 +241,8 @@ def _ernie4_5_moe(config: Any, get, tensors: dict[str, Any]) -> Any:
     from transformers import Ernie4_5_MoeConfig
 
     return Ernie4_5_MoeConfig(**llama_fields(config), use_bias="blk.0.attn_q.bias" in tensors,
-                              moe_num_experts=_need(get, "expert_count"), moe_k=_need(get, "expert_used_count"),
-                              moe_intermediate_size=_need(get, "expert_feed_forward_length"),
+                              moe_num_experts=need(get, "expert_count"), moe_k=need(get, "expert_used_count"),
+                              moe_intermediate_size=need(get, "expert_feed_forward_length"),
                               moe_num_shared_experts=int(get("expert_shared_count", 0)),
                               moe_layer_start_index=int(get("leading_dense_block_count", 1)),
                               moe_layer_interval=int(get("interleave_moe_layer_step", 1)), moe_layer_end_index=-1,
@@ -272,18 +256,12 @@ def _deepseek_moe(get) -> dict[str, Any]:
     gating = get("expert_gating_func")
     if gating not in (None, 2):  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
         raise ParamError("model", f"this GGUF's expert_gating_func is {gating}; its architecture gates by sigmoid (2)")
-    return dict(n_routed_experts=_need(get, "expert_count"), num_experts_per_tok=_need(get, "expert_used_count"),
-                moe_intermediate_size=_need(get, "expert_feed_forward_length"),
+    return dict(n_routed_experts=need(get, "expert_count"), num_experts_per_tok=need(get, "expert_used_count"),
+                moe_intermediate_size=need(get, "expert_feed_forward_length"),
                 n_shared_experts=int(get("expert_shared_count", 0)),
                 first_k_dense_replace=int(get("leading_dense_block_count", 0)),
                 routed_scaling_factor=float(get("expert_weights_scale", 1.0)),
                 norm_topk_prob=bool(get("expert_weights_norm", False)), n_group=1, topk_group=1)
-
-
-def main_layers(get, layers: int) -> int:
-    """The decoder's own layers: GLM-4.5's converter counts its multi-token-prediction layers
-    in block_count and writes them after the last one."""
-    return layers - int(get("nextn_predict_layers", 0) or 0)
 
 
 def _glm4_moe(config: Any, get, tensors: dict[str, Any]) -> Any:
@@ -325,91 +303,12 @@ def _mistral3(config: Any, get, tensors: dict[str, Any]) -> Any:
                             architectures=["Ministral3ForCausalLM"])
 
 
-def _lfm2(config: Any, get, tensors: dict[str, Any]) -> Any:
-    """LFM2: its convolution layers where the per-layer KV head count is 0, their taps
-    (`shortconv.l_cache`), and the MLP's size as the converter derived it (so none is
-    derived again)."""
-    from transformers import Lfm2Config
-
-    fields = llama_fields(config)
-    counts = get("attention.head_count_kv")
-    if not isinstance(counts, list) or len(counts) != fields["num_hidden_layers"] or not any(counts):
-        raise ParamError("model", f"the GGUF file's attention.head_count_kv must hold a count per layer, 0 for a "
-                                  f"convolution, and one above 0; it is {counts!r}"[:300])
-    fields["num_key_value_heads"] = max(counts)
-    fields.pop("rms_norm_eps", None)
-    fields["norm_eps"] = float(get("attention.layer_norm_rms_eps", 1e-5))
-    return Lfm2Config(**fields, layer_types=["full_attention" if n else "conv" for n in counts],
-                      conv_L_cache=_need(get, "shortconv.l_cache"), block_auto_adjust_ff_dim=False,
-                      architectures=["Lfm2ForCausalLM"])
-
-
-def _qwen35moe(config: Any, get, tensors: dict[str, Any]) -> Any:
-    """Qwen3.5's MoE models (`qwen35moe`): Qwen3.5's layers, experts on every one (renormalised,
-    as transformers' always are) beside the shared expert, sized by the file's keys."""
-    from transformers import Qwen3_5MoeTextConfig
-
-    dense = _qwen35(config, get, tensors).to_dict()
-    keep = {k: dense[k] for k in ("layer_types", "linear_num_key_heads", "linear_num_value_heads",
-                                  "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")}
-    fields = {k: v for k, v in llama_fields(config).items() if k != "intermediate_size"}
-    fields["num_hidden_layers"] = len(keep["layer_types"])
-    return Qwen3_5MoeTextConfig(**fields, **keep, num_experts=_need(get, "expert_count"),
-                                num_experts_per_tok=_need(get, "expert_used_count"),
-                                moe_intermediate_size=_need(get, "expert_feed_forward_length"),
-                                shared_expert_intermediate_size=_need(get, "expert_shared_feed_forward_length"),
-                                architectures=["Qwen3_5MoeForCausalLM"])
-
-
-def _qwen35(config: Any, get, tensors: dict[str, Any]) -> Any:
-    """Qwen3.5 (llama.cpp's `qwen35`): its linear-attention layers where the file holds their
-    `ssm_a` (the converter's recurrent-layer flags and attention interval say the same),
-    their sizes from the `ssm.*` keys (llama.cpp's Mamba names: key heads as groups, value
-    heads as the time-step rank, the key dim as the state size); its MTP layers left out.
-    Its rotary width is read by `partial_rotary`; the M-RoPE sections turn text as the
-    plain rotary does."""
-    from transformers import Qwen3_5TextConfig
-
-    fields = llama_fields(config)
-    layers = fields["num_hidden_layers"] = main_layers(get, fields["num_hidden_layers"])
-    value_heads = _need(get, "ssm.time_step_rank")
-    types = ["linear_attention" if f"blk.{i}.ssm_a" in tensors else "full_attention" for i in range(layers)]
-    return Qwen3_5TextConfig(**fields, layer_types=types, linear_num_key_heads=_need(get, "ssm.group_count"),
-                             linear_num_value_heads=value_heads, linear_key_head_dim=_need(get, "ssm.state_size"),
-                             linear_value_head_dim=_need(get, "ssm.inner_size") // value_heads,
-                             linear_conv_kernel_dim=_need(get, "ssm.conv_kernel"),
-                             architectures=["Qwen3_5ForCausalLM"])
-
-
-def _qwen3next(config: Any, get, tensors: dict[str, Any]) -> Any:
-    """Qwen3-Next (`qwen3next`): Qwen3.5's layers as `_qwen35` reads them, its value heads in
-    the checkpoint's order (its converter tiles none), experts on every layer (llama.cpp
-    names no dense MLP for it) beside the shared expert, each token's top k renormalised
-    as llama.cpp and the released models do."""
-    from transformers import Qwen3NextConfig
-
-    linear = _qwen35(config, get, tensors).to_dict()
-    keep = {k: linear[k] for k in ("layer_types", "linear_num_key_heads", "linear_num_value_heads",
-                                   "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")}
-    fields = llama_fields(config)
-    fields["num_hidden_layers"] = len(keep["layer_types"])
-    rope = dict(fields.pop("rope_parameters"))
-    return Qwen3NextConfig(**fields, **keep, num_experts=_need(get, "expert_count"),
-                           num_experts_per_tok=_need(get, "expert_used_count"),
-                           moe_intermediate_size=_need(get, "expert_feed_forward_length"),
-                           shared_expert_intermediate_size=_need(get, "expert_shared_feed_forward_length"),
-                           norm_topk_prob=bool(get("expert_weights_norm", True)), decoder_sparse_step=1,
-                           mlp_only_layers=[], partial_rotary_factor=rope.get("partial_rotary_factor", 1.0),
-                           rope_parameters=rope, architectures=["Qwen3NextForCausalLM"])
-
-
 # Each architecture (as llama.cpp names it) and how its config is built from the Llama fields.
 BUILDERS = {"smollm3": _smollm3, "granite": _granite, "arcee": _arcee, "gemma": _gemma, "nemotron": _nemotron,
             "olmoe": _olmoe, "stablelm": _stablelm, "olmo2": _olmo, "exaone4": _exaone4, "ernie4_5": _ernie4_5,
             "glm4": _glm4, "command-r": _cohere, "cohere2": _cohere, "starcoder2": _starcoder2, "apertus": _apertus,
             "hunyuan-dense": _hunyuan, "ernie4_5-moe": _ernie4_5_moe, "glm4moe": _glm4_moe, "dots1": _dots1,
-            "mistral3": _mistral3, "granitemoe": _granitemoe, "qwen35": _qwen35, "qwen35moe": _qwen35moe,
-            "qwen3next": _qwen3next, "lfm2": _lfm2}
+            "mistral3": _mistral3, "granitemoe": _granitemoe, **gguf_state_keyed.BUILDERS}
 # Those whose tensors are Llama's too (q and k interleaved as Llama's), which transformers'
 # reader converts; every other one's are the checkpoint's, only renamed
 # (engine/models/gguf_tensors.py convert_named).

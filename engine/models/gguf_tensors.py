@@ -158,10 +158,12 @@ def grouped_order(key_heads: int, value_heads: int, size: int) -> torch.Tensor:
 
 
 # transformers' module tree against the checkpoint names llama.cpp's converter read: ERNIE 4.5
-# MoE's correction bias sits beside its router in a checkpoint, and every DeepSeek-style
-# `e_score_correction_bias` goes to the converter's name map as `e_score_correction.bias`.
+# MoE's correction bias sits beside its router in a checkpoint, every DeepSeek-style
+# `e_score_correction_bias` goes to the converter's name map as `e_score_correction.bias`,
+# and LFM2-MoE's `expert_bias` as `expert_bias.bias`.
 CONVERTED_AS = ((".mlp.gate.moe_statics.", ".mlp.moe_statics."), ("e_score_correction_bias", "e_score_correction.bias"),
-                (".linear_attn.dt_bias", ".linear_attn.dt_proj.bias"))
+                (".linear_attn.dt_bias", ".linear_attn.dt_proj.bias"),
+                (".feed_forward.expert_bias", ".feed_forward.expert_bias.bias"))
 
 
 def _as_converted(hf_name: str) -> str:

@@ -269,7 +269,7 @@ def apply(model: Any, mode: str, source: str, config: Any, int8_activations: boo
         setattr(model.layers.get_submodule(owner), leaf, new)
     table = _gguf_table(tensors, "token_embd") if mode == "gguf" else _int8(model.embed_tokens)
     if not model.tie:
-        model.head = _gguf_table(tensors, "output") if mode == "gguf" else _int8(model.lm_head)
+        model.head = _gguf_table(tensors, "output", table=False) if mode == "gguf" else _int8(model.lm_head)
         del model.lm_head
     else:
         model.head = table
@@ -332,9 +332,10 @@ def _int8_expert(moe: Any, e: int) -> tuple[QuantLinear, QuantLinear]:
 
 
 # -- GGUF -------------------------------------------------------------------------------
-def _gguf_table(tensors: dict[str, Any], name: str) -> QuantLinear | DenseRows:
+def _gguf_table(tensors: dict[str, Any], name: str, table: bool = True) -> QuantLinear | DenseRows:
+    """The embedding (`table`: its rows are looked up) or an untied head."""
     qtype, data, k = gguf_blocks.blocks(tensors, f"{name}.weight")
-    return DenseRows(data, table=True) if qtype in gguf_blocks.DENSE else QuantLinear(data, None, qtype, k)
+    return DenseRows(data, table=table) if qtype in gguf_blocks.DENSE else QuantLinear(data, None, qtype, k)
 
 
 def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, nn.Module]:

@@ -23,7 +23,7 @@ from engine.models.granite import GraniteForCausalLM, GraniteSwaForCausalLM
 from engine.models.granitemoe import GraniteMoeForCausalLM, GraniteMoeSwaForCausalLM
 from engine.models.helium import HeliumForCausalLM
 from engine.models.hunyuan import HunYuanDenseV1ForCausalLM, HunYuanMoEV1ForCausalLM
-from engine.models.lfm2 import Lfm2ForCausalLM
+from engine.models.lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
 from engine.models.llama import CwmForCausalLM, LlamaForCausalLM
 from engine.models.ministral import Ministral3ForCausalLM, MinistralForCausalLM
 from engine.models.mistral import MistralForCausalLM
@@ -92,6 +92,7 @@ ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     "qwen3_5_moe_text": Qwen3_5MoeForCausalLM,
     "qwen3_next": Qwen3NextForCausalLM,
     "lfm2": Lfm2ForCausalLM,
+    "lfm2_moe": Lfm2MoeForCausalLM,
 }
 # Multimodal configs whose language model we serve: their text config is the model's.
 TEXT_OF = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}

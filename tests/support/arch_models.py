@@ -165,6 +165,10 @@ ARCHS: dict[str, dict] = {
     # LFM2: a short convolution first, its MLP size derived (2/3 of 192, to a multiple of 32)
     "lfm2": dict(layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, intermediate_size=192,
                  block_multiple_of=32, block_ffn_dim_multiplier=1.0, norm_eps=1e-5, tie_word_embeddings=True),
+    # LFM2-MoE: a dense first layer, then experts chosen with a bias on their sigmoid scores
+    "lfm2_moe": dict(layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, intermediate_size=96,
+                     moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2, num_dense_layers=1,
+                     routed_scaling_factor=1.5, norm_eps=1e-5, tie_word_embeddings=True),
     "qwen3_next": dict(layer_types=["linear_attention", "full_attention", "linear_attention"], head_dim=32,
                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                        linear_value_head_dim=8, linear_conv_kernel_dim=3, num_experts=4, num_experts_per_tok=2,
@@ -211,7 +215,8 @@ def perturb(model, model_type: str) -> None:
                 p.add_(torch.randn_like(p) * 0.5 if p.dim() else torch.tensor(0.0))
             if name.endswith("sinks"):  # sinks away from zero, some above the scores, some below
                 p.copy_(torch.randn_like(p) * 3.0 + 3.0)
-            if name.endswith(("mlp.gate.weight", "mlp.router.weight", "moe.router.weight")):  # a decisive router: no near tie
+            if name.endswith(("mlp.gate.weight", "mlp.router.weight", "moe.router.weight", "feed_forward.gate.weight")):
+                # a decisive router: no near tie
                 p.mul_(8.0)
             expert = ".experts." in name or ".shared_expert" in name or ".shared_mlp." in name
             if expert and not name.endswith("bias"):
@@ -223,7 +228,8 @@ def perturb(model, model_type: str) -> None:
             if name.endswith(".conv.conv.weight"):
                 p.mul_(16.0)  # LFM2's taps at transformers' 0.02 leave its convolution a whisper
         for name, b in [*model.named_parameters(), *model.named_buffers()]:
-            if name.endswith("e_score_correction_bias"):  # a choice bias large enough to move the choice
+            if name.endswith(("e_score_correction_bias", "feed_forward.expert_bias")):
+                # a choice bias large enough to move the choice
                 b.copy_(torch.randn_like(b) * 0.5)
 
 

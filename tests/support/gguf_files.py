@@ -25,7 +25,7 @@ GGUF_ARCH = {"llama": "LLAMA", "smollm3": "SMOLLM3", "granite": "GRANITE", "qwen
              "apertus": "APERTUS", "hunyuan_v1_dense": "HUNYUAN_DENSE", "ernie4_5_moe": "ERNIE4_5_MOE",
              "glm4_moe": "GLM4_MOE", "dots1": "DOTS1", "ministral3": "MISTRAL3", "granitemoe": "GRANITE_MOE",
              "granitemoeshared": "GRANITE_MOE", "qwen3_5_text": "QWEN35", "qwen3_5_moe_text": "QWEN35MOE",
-             "lfm2": "LFM2", "qwen3_next": "QWEN3NEXT"}
+             "lfm2": "LFM2", "qwen3_next": "QWEN3NEXT", "lfm2_moe": "LFM2MOE"}
 
 
 VOCAB = 512  # the tiny files' vocabulary: a byte-level BPE of the 256 bytes
@@ -41,7 +41,8 @@ EXPERT_KEYS = {"qwen2_moe": ("num_experts", "moe_intermediate_size"),
                "granitemoe": ("num_local_experts", "intermediate_size"),
                "granitemoeshared": ("num_local_experts", "intermediate_size"),
                "qwen3_5_moe_text": ("num_experts", "moe_intermediate_size"),
-               "qwen3_next": ("num_experts", "moe_intermediate_size")}
+               "qwen3_next": ("num_experts", "moe_intermediate_size"),
+               "lfm2_moe": ("num_experts", "moe_intermediate_size")}
 
 
 def byte_tokenizer(writer, specials: tuple[str, ...] = (), vocab: int = VOCAB, pre: str = "default",
@@ -103,7 +104,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     if mtp_layers:
         writer.add_nextn_predict_layers(mtp_layers)
     writer.add_head_count(heads)
-    if config.model_type == "lfm2":  # a KV head count per layer, 0 for a convolution, and the taps
+    if config.model_type in ("lfm2", "lfm2_moe"):  # a KV head count per layer, 0 for a convolution, and the taps
         writer.add_head_count_kv([0 if t == "conv" else config.num_key_value_heads for t in config.layer_types])
         writer.add_shortconv_l_cache(config.conv_L_cache)
     else:
@@ -116,7 +117,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     elif config.model_type == "nemotron":  # LayerNorm, and its partial rotary in dims
         writer.add_layer_norm_eps(config.norm_eps)
         writer.add_rope_dimension_count(int(head_dim * config.rope_parameters["partial_rotary_factor"]))
-    elif config.model_type == "lfm2":
+    elif config.model_type in ("lfm2", "lfm2_moe"):
         writer.add_layer_norm_rms_eps(config.norm_eps)
     elif config.model_type == "stablelm":  # the same, and the parallel-residual flag
         writer.add_layer_norm_eps(config.layer_norm_eps)
@@ -193,6 +194,11 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
         tensors = _merge_experts(tensors, config.num_hidden_layers, count)
     if config.model_type in ("ernie4_5_moe", "glm4_moe", "dots1"):  # as its converter renames it for the name map
         tensors = {k.replace("e_score_correction_bias", "e_score_correction.bias"): v for k, v in tensors.items()}
+    if config.model_type == "lfm2_moe":  # its dense leading layers, sigmoid gating, experts merged
+        writer.add_leading_dense_block_count(config.num_dense_layers)
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        tensors = _merge_experts(tensors, config.num_hidden_layers, config.num_experts, "feed_forward", ("w1", "w3", "w2"))
+        tensors = {k.replace(".feed_forward.expert_bias", ".feed_forward.expert_bias.bias"): v for k, v in tensors.items()}
     if config.model_type == "gpt_oss":
         writer.add_sliding_window(config.sliding_window)
         tensors = _gpt_oss_experts(tensors, config.num_hidden_layers)
@@ -232,7 +238,7 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
                                  "qwen3_next") \
                 and hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
             data = data + 1  # the converter stores Gemma's, Nemotron's and Qwen3.5's (1 + w)
-        if hf_name.endswith(".conv.conv.weight") and config.model_type == "lfm2":
+        if hf_name.endswith(".conv.conv.weight") and config.model_type in ("lfm2", "lfm2_moe"):
             data = data.squeeze(1)  # its converter keeps the taps 2-D
         if hf_name.endswith("shared_expert_gate.weight"):
             data = data.squeeze(0)  # llama.cpp reads ffn_gate_inp_shexp as [hidden]
