@@ -6,8 +6,9 @@ gguf's reader turns every metadata value into numpy parts; a vocabulary of 262k 
 load of a model that computes on or dequantizes its blocks. Those loads need only the
 directory, which follows the metadata: here the metadata is stepped over (each string's
 length read, its bytes skipped) and the directory parsed: 21 ms for a 49k vocabulary
-and 55 ms for Gemma 3's on the same machine. Tensor data are views of one read-only mapping of the file, shaped as
-gguf's reader shapes them, so they read the same bytes (tests/unit/test_gguf_index.py).
+and 55 ms for Gemma 3's on the same machine. Tensor data are views of one read-only
+mapping of the file, shaped as gguf's reader shapes them, so they read the same bytes
+(tests/unit/test_gguf_index.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The configs of architectures llama.cpp writes under Llama's keys (each under its own
 name, with a few keys of its own): built from the fields transformers' reader gives when
 it is shown the file as `llama` (Gemma's as `gemma2`; engine/models/gguf_config.py), and
-the keys only these architectures have."""
+the keys only these architectures have; the state-keeping models' in gguf_state_keyed.py."""
 
 from __future__ import annotations
 

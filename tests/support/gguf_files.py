@@ -197,8 +197,10 @@ def write(hf_dir: Path, out: Path, qtype: str = "F32", chat_template: str | None
     if config.model_type == "lfm2_moe":  # its dense leading layers, sigmoid gating, experts merged
         writer.add_leading_dense_block_count(config.num_dense_layers)
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-        tensors = _merge_experts(tensors, config.num_hidden_layers, config.num_experts, "feed_forward", ("w1", "w3", "w2"))
-        tensors = {k.replace(".feed_forward.expert_bias", ".feed_forward.expert_bias.bias"): v for k, v in tensors.items()}
+        tensors = _merge_experts(tensors, config.num_hidden_layers, config.num_experts, "feed_forward",
+                                 ("w1", "w3", "w2"))
+        tensors = {k.replace(".feed_forward.expert_bias", ".feed_forward.expert_bias.bias"): v
+                   for k, v in tensors.items()}
     if config.model_type == "gpt_oss":
         writer.add_sliding_window(config.sliding_window)
         tensors = _gpt_oss_experts(tensors, config.num_hidden_layers)

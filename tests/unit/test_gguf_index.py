@@ -48,7 +48,8 @@ def write(path, alignment: int | None = None) -> None:
     w.add_tensor("bf16", gguf.quants.quantize(x, gguf.GGMLQuantizationType.BF16),
                  raw_dtype=gguf.GGMLQuantizationType.BF16)
     w.add_tensor("i32", np.arange(10, dtype=np.int32))
-    w.add_tensor("q8", gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    w.add_tensor("q8", gguf.quants.quantize(x, q8), raw_dtype=q8)
     w.add_tensor("three_d", rng.standard_normal((2, 3, 32)).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
