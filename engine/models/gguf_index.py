@@ -13,6 +13,7 @@ mapping of the file, shaped as gguf's reader shapes them, so they read the same 
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML's tensors have at most four
 # GGUF's metadata value types with a fixed size: bytes per value.
 FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 STRING, ARRAY = 8, 9
@@ -119,14 +121,17 @@ def _read(path: Path) -> Index:
         if name in names:
             raise ValueError(f"{path}: tensor {name!r} appears twice")
         names.add(name)
-        dims = tuple(cur.u64() for _ in range(cur.u32()))
+        n_dims = cur.u32()
+        if n_dims > MAX_DIMS:
+            raise ValueError(f"{path}: tensor {name!r} claims {n_dims} dimensions; GGUF tensors have at most {MAX_DIMS}")
+        dims = tuple(cur.u64() for _ in range(n_dims))
         kind, offset = cur.u32(), cur.u64()
         entries.append((name, dims, gguf.GGMLQuantizationType(kind), offset))
     start = -(-cur.at // alignment) * alignment
     tensors = []
     for name, dims, kind, offset in entries:
         block, size = gguf.GGML_QUANT_SIZES[kind]
-        nbytes, at, shape = int(np.prod(dims)) * size // block, start + offset, tuple(reversed(dims))
+        nbytes, at, shape = math.prod(dims) * size // block, start + offset, tuple(reversed(dims))
         if at + nbytes > array.size:
             raise ValueError(f"{path}: tensor {name!r} runs past the end of the file")
         raw = array[at:at + nbytes]

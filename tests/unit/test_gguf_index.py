@@ -76,6 +76,17 @@ def test_a_damaged_file_is_a_value_error_naming_it(tmp_path):
     header.write_bytes(data[:2000])  # inside the metadata
     with pytest.raises(ValueError, match="header.gguf"):
         gguf_index.read(header)
+    # the first tensor's dimension count (after its name in the directory) made 5, then its
+    # first size made huge: refused, never a loop over billions of dims nor an overflowed size
+    dims_at = data.index((3).to_bytes(8, "little") + b"f32") + 8 + 3
+    wide = tmp_path / "wide.gguf"
+    wide.write_bytes(data[:dims_at] + (5).to_bytes(4, "little") + data[dims_at + 4:])
+    with pytest.raises(ValueError, match="'f32' claims 5 dimensions"):
+        gguf_index.read(wide)
+    huge = tmp_path / "huge.gguf"
+    huge.write_bytes(data[:dims_at + 4] + (1 << 62).to_bytes(8, "little") + data[dims_at + 12:])
+    with pytest.raises(ValueError, match="'f32' runs past the end"):
+        gguf_index.read(huge)
     other = tmp_path / "other.gguf"
     other.write_bytes(b"GGML" + data[4:])
     with pytest.raises(ValueError, match="other.gguf is not a GGUF file"):
