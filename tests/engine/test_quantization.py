@@ -150,7 +150,7 @@ def test_a_block_type_without_a_kernel_is_refused(tmp_path, monkeypatch):
     import numpy as np
 
     reader = gguf.GGUFReader(default_model_path())
-    path = tmp_path / "f16-embedding.gguf"
+    path = tmp_path / "iq4nl-embedding.gguf"
     writer = gguf.GGUFWriter(str(path), arch="llama")
     for field in reader.fields.values():
         if field.name.startswith("GGUF.") or field.name == "general.architecture":
