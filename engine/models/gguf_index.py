@@ -42,7 +42,6 @@ class Tensor:
 
 @dataclass(frozen=True)
 class Index:
-    path: Path
     tensors: list[Tensor]
 
 
@@ -140,4 +139,4 @@ def _read(path: Path) -> Index:
         else:
             data = raw.reshape(gguf.quant_shape_to_byte_shape(shape, kind))
         tensors.append(Tensor(name, kind, dims, data))
-    return Index(path, tensors)
+    return Index(tensors)

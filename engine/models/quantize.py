@@ -90,14 +90,6 @@ class DenseRows(nn.Module):
             return self.packed(x)
         return nn.functional.linear(x, self.weight, self.bias)
 
-    def dequantized(self) -> torch.Tensor:
-        if self.weight is not None:
-            return self.weight
-        eye, p = torch.eye(self.in_features), self.packed  # each product: one weight times 1, plus zeros
-        product = (packed_linear.panel_linear(eye, p.panels, p.out_features, None) if p.panels is not None
-                   else packed_linear.linear(eye, p.packed, None))
-        return product.T.contiguous()
-
     def nbytes(self) -> int:
         held = [self.weight] + ([self.packed.panels, self.packed.packed] if self.packed is not None else [])
         return sum(t.numel() * t.element_size() for t in held if t is not None)
@@ -155,8 +147,13 @@ def quant_rows(rows: list[torch.Tensor], qtypes: list[int], k: int, bias: torch.
     return QuantConcat([_part(r, q, k, b) for r, q, b in zip(rows, qtypes, biases)])
 
 
-def _part(rows: torch.Tensor, qtype: int, k: int, bias: torch.Tensor | None) -> QuantLinear | DenseRows:
-    return DenseRows(rows, bias) if qtype in gguf_blocks.DENSE else QuantLinear(rows, None, qtype, k, bias)
+def _part(rows: torch.Tensor, qtype: int, k: int, bias: torch.Tensor | None, table: bool = False
+          ) -> QuantLinear | DenseRows:
+    """One part's module: its blocks, or its fp32 rows for a type in gguf_blocks.DENSE
+    (`table`: an embedding, whose rows are looked up)."""
+    if qtype in gguf_blocks.DENSE:
+        return DenseRows(rows, bias, table)
+    return QuantLinear(rows, None, qtype, k, bias)
 
 
 class QuantEmbedding(nn.Module):
@@ -335,7 +332,7 @@ def _int8_expert(moe: Any, e: int) -> tuple[QuantLinear, QuantLinear]:
 def _gguf_table(tensors: dict[str, Any], name: str, table: bool = True) -> QuantLinear | DenseRows:
     """The embedding (`table`: its rows are looked up) or an untied head."""
     qtype, data, k = gguf_blocks.blocks(tensors, f"{name}.weight")
-    return DenseRows(data, table=table) if qtype in gguf_blocks.DENSE else QuantLinear(data, None, qtype, k)
+    return _part(data, qtype, k, None, table)
 
 
 def _gguf_layers(model: Any, tensors: dict[str, Any], config: Any) -> dict[str, nn.Module]:

@@ -8,9 +8,9 @@
 // row's values never depend on how many rows share its call (tests/unit/test_gemm.py):
 // the panels already hold each pair of k side by side per channel, which is the B tile's
 // layout, so a tile reads 16 steps of k (K2 rows of a panel, NR * 2 values apart) as they
-// lie. Per 16 rows of x and panel: three
-// C tiles (16 x 16 fp32) over the panel's three vectors of channels, one A tile (16 rows x
-// 32 k), three B tiles. A block of fewer than 16 rows is copied into a zeroed one.
+// lie. Per 16 rows of x and panel: three C tiles (16 x 16 fp32) over the panel's three
+// vectors of channels, one A tile (16 rows x 32 k), three B tiles. A block of fewer than
+// 16 rows is copied into a zeroed one.
 constexpr int64_t kAmxRows = 256;  // rows a panel serves from L2 before the next panel
 
 // PAGEDSERVE_GEMM_TILES=0 keeps the AVX-512 tile (benchmarks/LOG.md, session 42, compares them).
