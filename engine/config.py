@@ -226,10 +226,9 @@ class Placement:
             raise ParamError("tensor_parallel_size", f"{hf_config.model_type} is not served under tensor "
                              "parallelism: one of its layers spans every attention head")
         device = _device(config.device)
-        # Quantized GEMMs keep activations in fp32: "auto" means that there.
+        # Quantized GEMMs are exact against the dequantized file in fp32: "auto" means that there.
         dtype = torch.float32 if config.quantization and config.dtype == "auto" else _dtype(config.dtype, device)
-        quantize.check(config.quantization, device, dtype, config.tensor_parallel_size,
-                       config.pipeline_parallel_size)
+        quantize.check(config.quantization, device, config.tensor_parallel_size, config.pipeline_parallel_size)
         backend = select_backend(config.attention_backend, device)
         positions = int(getattr(hf_config, "max_position_embeddings", 2048))
         if config.max_model_len is not None and config.max_model_len > positions:

@@ -36,7 +36,7 @@ ROUTERS = ("mlp.gate", "mlp.shared_expert_gate")
 
 
 class QuantLinear(nn.Module):
-    """y = x W^T (+ bias) with W quantized: fp32 in, fp32 out."""
+    """y = x W^T (+ bias) with W quantized: fp32 or bf16 in, the same out."""
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor | None, qtype: int, in_features: int,
                  bias: torch.Tensor | None = None) -> None:
@@ -86,6 +86,8 @@ class DenseRows(nn.Module):
         self.register_buffer("weight", weight if table or not packs else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:  # a bf16 model's rows: the file's values, in fp32, rounded once
+            return self.forward(x.float()).to(x.dtype)
         if self.packed is not None:
             return self.packed(x)
         return nn.functional.linear(x, self.weight, self.bias)
@@ -160,15 +162,17 @@ class QuantEmbedding(nn.Module):
     """Rows of a quantized matrix, dequantized as they are looked up (or of a DenseRows
     table, read as they are); it can share its weights with the head (tied embeddings)."""
 
-    def __init__(self, table: QuantLinear | DenseRows) -> None:
+    def __init__(self, table: QuantLinear | DenseRows, dtype: torch.dtype) -> None:
         super().__init__()
-        self.table = table
+        self.table, self.dtype = table, dtype  # dtype: the model's activations
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = self.table
         if isinstance(t, DenseRows):
-            return nn.functional.embedding(ids, t.weight)
-        return quant.dequant_rows(t.qweight, t.scales, ids, t.qtype, t.in_features)
+            rows = nn.functional.embedding(ids, t.weight)
+        else:
+            rows = quant.dequant_rows(t.qweight, t.scales, ids, t.qtype, t.in_features)
+        return rows.to(self.dtype)
 
 
 def settle(config: Any) -> Any:
@@ -228,16 +232,15 @@ def _mxfp4_checkpoint(source: str) -> bool:
     return isinstance(qc, dict) and qc.get("quant_method") == "mxfp4"
 
 
-def check(mode: str | None, device: torch.device, dtype: torch.dtype, tp: int, pp: int) -> None:
-    """What can be decided from the config alone."""
+def check(mode: str | None, device: torch.device, tp: int, pp: int) -> None:
+    """What can be decided from the config alone. Either CPU dtype serves: fp32 activations
+    are exact against the dequantized file, bf16 ones run many rows on the AMX tiles."""
     if mode is None:
         return
     if mode not in MODES:
         raise ParamError("quantization", f"quantization must be null, {' or '.join(map(repr, MODES))}; got {mode!r}")
     if device.type != "cpu":
         raise ParamError("quantization", f"quantization {mode!r} runs on the CPU kernels; the device is {device.type}")
-    if dtype != torch.float32:
-        raise ParamError("quantization", f"quantization {mode!r} keeps activations in float32; dtype is {dtype}")
     if tp * pp != 1:
         raise ParamError("quantization", f"quantization {mode!r} is not served under tensor or pipeline "
                          "parallelism yet")
@@ -270,7 +273,7 @@ def apply(model: Any, mode: str, source: str, config: Any, int8_activations: boo
         del model.lm_head
     else:
         model.head = table
-    model.embed_tokens = QuantEmbedding(table)
+    model.embed_tokens = QuantEmbedding(table, model.embed_tokens.weight.dtype)
     gguf_blocks.release()  # its mapping of the file: every block is copied out by now
     if int8_activations:
         for mod in model.modules():  # the experts are modules of their layer too

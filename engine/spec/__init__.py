@@ -73,7 +73,7 @@ def check(config: EngineConfig, placement: Placement, files: loader.ModelFiles, 
         dconfig.num_hidden_layers = sc.num_layers
     dtype = torch.float32 if sc.quantization else placement.dtype
     try:
-        quantize.check(sc.quantization, placement.device, dtype, 1, 1)
+        quantize.check(sc.quantization, placement.device, 1, 1)
     except ParamError as e:
         raise ParamError("speculative_config.quantization", str(e)) from None
     if sc.quantization == "gguf" and not str(dfiles.source).endswith(".gguf"):

@@ -1,6 +1,6 @@
 // bf16 GEMMs on the AMX tiles, over gemm_pack's panels. Included by gemm.cpp inside its
-// anonymous namespace, after NR, NV, HALF, kAhead, Bf16 and glu, where the build has AMX
-// (PAGEDSERVE_AMX).
+// anonymous namespace, after NR, NV, HALF, Bf16 and glu, where the build has AMX
+// (PAGEDSERVE_AMX, from amx_tiles.h).
 #pragma once
 
 // On CPUs with AMX (Xeon from Sapphire Rapids on) every bf16 GEMM whose K is a multiple of
@@ -13,62 +13,8 @@
 // 16 rows is copied into a zeroed one.
 constexpr int64_t kAmxRows = 256;  // rows a panel serves from L2 before the next panel
 
-// PAGEDSERVE_GEMM_TILES=0 keeps the AVX-512 tile (benchmarks/LOG.md, session 42, compares them).
-bool amx_enabled() {
-  static const bool ok = [] {
-    const char* env = std::getenv("PAGEDSERVE_GEMM_TILES");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;  // Linux: ask for the tile state once
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
-  }();
-  return ok;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-constexpr TileConfig tile_config() {  // eight tiles of 16 rows of 64 bytes
-  TileConfig c{};
-  for (int t = 0; t < 8; ++t) {
-    c.rows[t] = 16;
-    c.colsb[t] = 64;
-  }
-  return c;
-}
-
-// A constant in memory: built on the stack in a caller GCC 12 inlined it into, the
-// configuration made ldtilecfg fault (SIGSEGV) as if it held garbage.
-alignas(64) constexpr TileConfig kTileConfig = tile_config();
-
-void amx_begin() { _tile_loadconfig(&kTileConfig); }  // tiles 0-2: C; 3: A; 4-6: B
-
-// 16 rows of x (ldx apart) against one panel of K2 steps (a multiple of 16), into acc
-// [16][NR] fp32, which holds each channel's bias (or zeros) on entry.
-void amx_panel(const uint16_t* x, int64_t ldx, int64_t K2, const uint16_t* w, float* acc) {
-  constexpr int64_t wstride = NR * 2 * sizeof(uint16_t), cstride = NR * sizeof(float);
-  _tile_loadd(0, acc, cstride);
-  _tile_loadd(1, acc + 16, cstride);
-  _tile_loadd(2, acc + 32, cstride);
-  for (int64_t k = 0; k < K2; k += 16) {
-    const uint16_t* wk = w + k * NR * 2;
-    _mm_prefetch(reinterpret_cast<const char*>(wk) + kAhead, _MM_HINT_T0);
-    _tile_loadd(3, x + 2 * k, ldx * sizeof(uint16_t));
-    _tile_loadd(4, wk, wstride);
-    _tile_loadd(5, wk + 32, wstride);
-    _tile_loadd(6, wk + 64, wstride);
-    _tile_dpbf16ps(0, 3, 4);
-    _tile_dpbf16ps(1, 3, 5);
-    _tile_dpbf16ps(2, 3, 6);
-  }
-  _tile_stored(0, acc, cstride);
-  _tile_stored(1, acc + 16, cstride);
-  _tile_stored(2, acc + 32, cstride);
-}
+using pagedserve::amx::TileScope;
+static_assert(NR == pagedserve::amx::kNR, "a panel is three C tiles of channels");
 
 // Rows [m0, m1) of x (ldx apart) through one panel on the tiles, into y (ldy apart; the
 // first `cols` outputs of each row: the panel's channels, or with Glu their silu(gate) *
@@ -89,11 +35,11 @@ void amx_rows(const uint16_t* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K2
         std::fill_n(acc + r * NR, NR, 0.f);
     }
     if (rows == 16) {
-      amx_panel(x + s * ldx, ldx, K2, w, acc);
+      pagedserve::amx::panel_pass(x + s * ldx, ldx, K2, w, acc);
     } else {
       if (static_cast<int64_t>(pad.size()) != 16 * K) pad.assign(16 * K, 0);
       for (int64_t r = 0; r < rows; ++r) std::copy_n(x + (s + r) * ldx, K, pad.data() + r * K);
-      amx_panel(pad.data(), K, K2, w, acc);
+      pagedserve::amx::panel_pass(pad.data(), K, K2, w, acc);
       std::fill_n(pad.data(), rows * K, 0);
     }
     for (int64_t r = 0; r < rows; ++r) {
@@ -110,18 +56,6 @@ void amx_rows(const uint16_t* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K2
     }
   }
 }
-
-// A thread's hold on the tiles for one parallel chunk: their configuration loaded on
-// entry, released on exit.
-struct TileScope {
-  explicit TileScope(bool on) : on(on) {
-    if (on) amx_begin();
-  }
-  ~TileScope() {
-    if (on) _tile_release();
-  }
-  bool on;
-};
 
 template <bool Glu>
 void amx_run(const at::Tensor& x, const at::Tensor& panels, int64_t N, const float* b0, at::Tensor& y) {

@@ -26,11 +26,7 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define PAGEDSERVE_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include "amx_tiles.h"  // defines PAGEDSERVE_AMX where the build has the tiles
 
 #include "vec.h"
 
@@ -51,14 +47,12 @@ bool gemm_available(c10::ScalarType dtype) {
 
 int64_t k_step(c10::ScalarType dtype) { return dtype == at::kBFloat16 ? 2 : 1; }
 
-bool amx_enabled();
-
 // Whether a GEMM of this dtype and K runs on AMX tiles (amx_run below): bf16 with K a
 // multiple of 32, on a build and a CPU with AMX. It depends on the weight alone, never on
 // the row count.
 bool tiles_take(c10::ScalarType dtype, int64_t K) {
 #if defined(PAGEDSERVE_AMX)
-  return dtype == at::kBFloat16 && K % 32 == 0 && amx_enabled();
+  return dtype == at::kBFloat16 && K % 32 == 0 && pagedserve::amx::enabled();
 #else
   return false;
 #endif

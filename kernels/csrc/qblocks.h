@@ -353,6 +353,16 @@ inline float vsum(vf v) { return hsum(v); }
 void many_rows(const float* x, int64_t M, int64_t N, int64_t K, const uint8_t* w, int64_t qtype,
                const float* scales, float* y);
 
+// Whether many bf16 rows run on the AMX tiles (many_rows_bf16): K a multiple of 32, on a
+// build and a CPU with AMX.
+bool many_rows_tiles(int64_t K);
+
+// The same with x and y in bf16, on the AMX tiles (qgemm.cpp; only where many_rows_tiles):
+// each group of channels dequantized as many_rows does, then rounded to bf16, the values a
+// bf16 model dequantized from the same file holds.
+void many_rows_bf16(const uint16_t* x, int64_t M, int64_t N, int64_t K, const uint8_t* w, int64_t qtype,
+                    const float* scales, uint16_t* y);
+
 #ifdef PAGEDSERVE_AVX2
 // The same for a few rows of the K-quants with x in fp32 (quant_k.cpp); xsum holds each
 // row's sums over 32 values, [M, K / 32].

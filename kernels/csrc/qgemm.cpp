@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "qblocks.h"
 
 namespace pagedserve {
@@ -155,6 +156,74 @@ void many_rows(const float* x, int64_t M, int64_t N, int64_t K, const uint8_t* w
     }
   });
 }
+
+#if defined(PAGEDSERVE_AMX)
+namespace {
+
+static_assert(NR == amx::kNR, "a group is one panel of the tiles");
+
+// A group's dequantized rows [NR][K] in fp32 as bf16 pairs [NR][K / 2], each pair of k in
+// one 32-bit lane (the even k in its low half), rounded to nearest even as torch rounds a
+// finite float: to_k_major then moves the lanes as it moves floats, into the B tile's
+// layout [K / 2][NR][2], half the values a fp32 transpose moves.
+void to_pairs(const float* rows, int64_t K, uint16_t* pairs) {
+  for (int64_t c = 0; c < NR; ++c)
+    for (int64_t k = 0; k < K; k += 32) {
+      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(rows + c * K + k + 16), _mm512_loadu_ps(rows + c * K + k));
+      _mm512_storeu_si512(pairs + c * K + k, (__m512i)v);
+    }
+}
+
+}  // namespace
+
+bool many_rows_tiles(int64_t K) { return K % 32 == 0 && amx::enabled(); }
+
+// Why: many_rows takes fp32 FMAs, 32 products a cycle a core, where the tiles take 512 in
+// bf16; a bf16 model's prefill on a GGUF's blocks otherwise ran at fp32's rate. Each group
+// is dequantized once, rounded into a panel, and every row passes over it 16 at a time.
+void many_rows_bf16(const uint16_t* x, int64_t M, int64_t N, int64_t K, const uint8_t* w, int64_t qtype,
+                    const float* scales, uint16_t* y) {
+  const int64_t rb = row_bytes(qtype, K), groups = (N + NR - 1) / NR, K2 = K / 2;
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    amx::TileScope tiles(true);
+    std::vector<float> rows_buf(NR * K, 0.f);
+    std::vector<uint16_t> pairs(NR * K), panel(NR * K), pad;
+    alignas(64) float acc[16 * NR];
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t n0 = g * NR, cols = std::min(NR, N - n0);
+      for (int64_t c = 0; c < cols; ++c)
+        dequant_row(w + (n0 + c) * rb, qtype, K, scales ? scales[n0 + c] : 1.f, rows_buf.data() + c * K);
+      if (cols < NR) std::fill(rows_buf.begin() + cols * K, rows_buf.end(), 0.f);
+      to_pairs(rows_buf.data(), K, pairs.data());
+      to_k_major(reinterpret_cast<const float*>(pairs.data()), K2, K2, reinterpret_cast<float*>(panel.data()));
+      for (int64_t s = 0; s < M; s += 16) {
+        const int64_t rows = std::min<int64_t>(16, M - s);
+        std::fill_n(acc, 16 * NR, 0.f);
+        if (rows == 16) {
+          amx::panel_pass(x + s * K, K, K2, panel.data(), acc);
+        } else {  // the last rows, in a zeroed block of 16
+          pad.assign(16 * K, 0);
+          std::copy_n(x + s * K, rows * K, pad.data());
+          amx::panel_pass(pad.data(), K, K2, panel.data(), acc);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          alignas(64) uint16_t out[NR];
+          for (int64_t c = 0; c < NR; c += 16)
+            _mm256_store_si256(reinterpret_cast<__m256i*>(out + c),
+                               (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(acc + r * NR + c)));
+          std::copy_n(out, cols, y + (s + r) * N + n0);
+        }
+      }
+    }
+  });
+}
+#else
+bool many_rows_tiles(int64_t) { return false; }
+
+void many_rows_bf16(const uint16_t*, int64_t, int64_t, int64_t, const uint8_t*, int64_t, const float*, uint16_t*) {
+  TORCH_CHECK(false, "many_rows_bf16 needs a build with AMX");
+}
+#endif
 
 }  // namespace quant
 }  // namespace pagedserve

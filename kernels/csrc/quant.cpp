@@ -271,10 +271,27 @@ at::Tensor qlinear(const at::Tensor& x_in, const at::Tensor& w, const c10::optio
   TORCH_CHECK(kernel >= 0 && kernel <= 2, "kernel must be 0 (by rows), 1 (few rows) or 2 (many rows)");
   TORCH_CHECK(kernel != 1 || few_rows_fit(qtype, K), "the few-rows kernel needs AVX2, and int8 rows need K a "
               "multiple of 32");
-  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kFloat,
-              "x must be fp32 [M, ", K, "]");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K &&
+              (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16),
+              "x must be fp32 or bf16 [M, ", K, "]");
   TORCH_CHECK(qtype != INT8_ROWS || (scales.has_value() && scales->numel() == w.size(0)),
               "int8 rows need one fp32 scale per row");
+  if (x_in.scalar_type() == at::kBFloat16) {
+    // A bf16 model's rows: many on the AMX tiles where the CPU has them (the weights
+    // rounded to bf16, as a bf16 model dequantized from the file holds them); otherwise
+    // in fp32, exactly, and rounded once on the way out.
+    const int64_t M = x_in.size(0);
+    const bool few = kernel == 1 || (kernel == 0 && few_rows_kernel(qtype, M, K, int8_activations));
+    if (few || !many_rows_tiles(K)) return qlinear(x_in.to(at::kFloat), w, scales, qtype, K, kernel,
+                                                   int8_activations).to(at::kBFloat16);
+    const at::Tensor x = x_in.contiguous();
+    at::Tensor y = at::empty({M, w.size(0)}, x.options());
+    if (M == 0 || w.size(0) == 0) return y;
+    many_rows_bf16(reinterpret_cast<const uint16_t*>(x.data_ptr()), M, w.size(0), K,
+                   static_cast<const uint8_t*>(w.data_ptr()), qtype,
+                   qtype == INT8_ROWS ? scales->data_ptr<float>() : nullptr, reinterpret_cast<uint16_t*>(y.data_ptr()));
+    return y;
+  }
   const at::Tensor x = x_in.contiguous();
   const int64_t M = x.size(0), N = w.size(0), rb = w.size(1);
   at::Tensor y = at::empty({M, N}, x.options());
@@ -341,6 +358,8 @@ TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
         "-> Tensor");
   m.def("dequant_rows(Tensor w, Tensor? scales, Tensor ids, int qtype, int K) -> Tensor");
   m.def("few_rows_fit(int qtype, int K) -> bool");
+  m.def("few_rows_kernel(int qtype, int M, int K, bool int8_activations) -> bool");
+  m.def("many_rows_tiles(int K) -> bool");
 }
 
 TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
@@ -348,6 +367,10 @@ TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
   m.impl("dequant_rows", &dequant_rows);
 }
 
-TORCH_LIBRARY_IMPL(pagedserve, CatchAll, m) { m.impl("few_rows_fit", &few_rows_fit); }
+TORCH_LIBRARY_IMPL(pagedserve, CatchAll, m) {
+  m.impl("few_rows_fit", &few_rows_fit);
+  m.impl("few_rows_kernel", &few_rows_kernel);
+  m.impl("many_rows_tiles", &many_rows_tiles);
+}
 
 }  // namespace pagedserve

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import quant
+from kernels import cpu, quant
 
 
 TYPES = [quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1, quant.MXFP4, quant.Q4_K, quant.Q5_K, quant.Q6_K]
@@ -100,6 +100,33 @@ def test_many_rows_is_batch_invariant():
     whole = quant.qlinear(x, w, None, quant.Q4_1, k, kernel="many")
     for rows in (slice(0, 1), slice(37, 50), slice(99, 100)):
         assert torch.equal(quant.qlinear(x[rows], w, None, quant.Q4_1, k, kernel="many"), whole[rows])
+
+
+@pytest.mark.parametrize("qtype", STREAMED, ids=lambda t: quant.FORMATS[t].name)
+def test_bf16_rows_are_the_dequantized_weights_product_rounded_once(qtype):
+    """A bf16 model's rows. Few: in fp32 on the exact weights, rounded on the way out. Many,
+    on a CPU with AMX: on the tiles, the weights rounded to bf16 as a bf16 model dequantized
+    from the same file holds them, and the bits of the dense bf16 GEMM over those weights
+    (kernels/csrc/gemm.cpp); without AMX, as few. Every row count picks its path."""
+    gen = torch.Generator().manual_seed(50 + qtype)
+    k, n = (128 if quant.FORMATS[qtype].block == 32 else 512), 2 * 48 + 7  # a ragged last panel
+    w, scales = weights(qtype, n, k, gen)
+    dense = quant.dequantize(w, scales, qtype, k)
+    panels = cpu.gemm_pack(dense.bfloat16()) if cpu.gemm_tiles(torch.bfloat16, k) else None
+    for m in (1, 4, 16, 17, 33, 65, 130):
+        x = torch.randn(m, k, generator=gen).bfloat16()
+        got = quant.qlinear(x, w, scales, qtype, k)
+        assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+        tiles = not quant.few_rows_kernel(qtype, m, k) and quant.many_rows_tiles(k)
+        if tiles:
+            assert torch.equal(got, cpu.gemm(x, panels, n, None))
+        exact = quant.qlinear(x.float(), w, scales, qtype, k).bfloat16()
+        want = (x.double() @ (dense.bfloat16() if tiles else dense).double().T)
+        # one rounding to bf16 (half a unit in its 8 bits) on a sum fp32 took in its own order
+        bound = 2.0 ** -8 * want.abs() + 4 * k ** 0.5 * 2.0 ** -24 * (x.double().abs() @ dense.abs().double().T)
+        assert torch.all((got.double() - want).abs() <= bound), (m, (got.double() - want).abs().max())
+        if not tiles:
+            assert torch.equal(got, exact)
 
 
 def test_the_few_rows_kernel_refuses_shapes_it_cannot_stream():
