@@ -116,6 +116,8 @@ class EngineConfig(BaseModel):
     # file's blocks, "mxfp4" a checkpoint's MXFP4 experts (gpt-oss as OpenAI ships it; every
     # other GEMM dense), "int8" quantizes any checkpoint per output channel at load, "auto"
     # is "gguf" or "mxfp4" where that loses nothing (quantize.auto), the dense weights elsewhere.
+    # Activations in fp32 (exact against the dequantized weights) or, with dtype bfloat16,
+    # in bf16 (many rows then on the AMX tiles where the CPU has them).
     quantization: Literal["auto", "gguf", "mxfp4", "int8"] | None = None
     # With quantized weights, decode steps round each GEMM's activations to int8 per 32
     # values (as llama.cpp's and vLLM's GGUF kernels do) and take the products on integers:

@@ -15,11 +15,11 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-from engine import LLM
+from engine import LLM, SamplingParams
 from engine.errors import ParamError
 from kernels import quant
 from tests.support import arch_models
-from tests.support.oracle import engine_greedy, hf_greedy
+from tests.support.oracle import departs_only_at_near_ties, engine_greedy, hf_greedy
 
 PROJECTIONS = ("gate_up_proj", "down_proj")
 
@@ -85,6 +85,13 @@ def test_mxfp4_experts_compute_on_their_own_blocks(mxfp4_dir):
         assert engine_greedy(llm, prompts, 12, ignore_eos=True) == hf_greedy(hf, prompts, 12, None)
     with LLM(str(mxfp4_dir), dtype="float32", max_model_len=64, quantization="auto") as llm:
         assert llm.engine.config.quantization == "mxfp4"
+    # A bf16 model over the same blocks parts from the dense bf16 one only at near-ties.
+    p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=5)
+    runs = []
+    for quantization in (None, "mxfp4"):
+        with LLM(str(mxfp4_dir), dtype="bfloat16", max_model_len=64, block_size=8, quantization=quantization) as llm:
+            runs.append([o.outputs[0] for o in llm.generate(prompts, p, use_tqdm=False)])
+    departs_only_at_near_ties(*runs)
     with pytest.raises(ParamError) as e:  # reference() wrote the same model with dense experts
         LLM(str(mxfp4_dir.parent / "reference"), dtype="float32", max_model_len=64, quantization="mxfp4")
     assert e.value.param == "quantization" and "has none" in str(e.value)

@@ -114,11 +114,12 @@ def test_int8_perplexity_is_within_one_percent_of_fp32(fp32):
     assert abs(q - base) / base < 0.01, (base, q)
 
 
-def test_int8_quantizes_an_hf_checkpoint(tiny_model_factory):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_int8_quantizes_an_hf_checkpoint(tiny_model_factory, dtype):
     path = str(tiny_model_factory("quant-tiny", tie_word_embeddings=False))
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
-    fp = LLM(path, dtype="float32", **KW).generate([[5, 6, 7, 8]], params, use_tqdm=False)[0].outputs[0]
-    llm = LLM(path, quantization="int8", **KW)
+    fp = LLM(path, dtype=dtype, **KW).generate([[5, 6, 7, 8]], params, use_tqdm=False)[0].outputs[0]
+    llm = LLM(path, quantization="int8", dtype=dtype, **KW)
     assert isinstance(model_of(llm).head, quantize.QuantLinear)  # the untied head too
     q = llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)[0].outputs[0]
     assert len(q.token_ids) == 8
