@@ -190,23 +190,41 @@ inline void scale_min_k4(int j, const uint8_t* s, uint8_t* sc, uint8_t* mn) {
 }
 
 // Q4_K, and Q5_K (the same with 32 bytes of fifth bits, qh, before the nibbles: bit j of
-// qh[l] is the fifth bit of sub-block j's weight l).
+// qh[l] is the fifth bit of sub-block j's weight l). d0 * q is exact (an fp16 times a 6-bit
+// scale times a 5-bit quant), so with or without a fused subtraction the value is the same.
 template <bool FIVE>
 inline void dequant_k(const uint8_t* b, float* out) {
   const float d = half_to_float(load_u16(b)), dmin = half_to_float(load_u16(b + 2));
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
   const uint8_t* q = b + (FIVE ? 48 : 16);
+#ifdef PAGEDSERVE_AVX2
+  const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+  const __m256i high = FIVE ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh)) : _mm256_setzero_si256();
+#endif
   for (int g = 0; g < 4; ++g) {  // 64 weights: 32 low nibbles, then 32 high ones
     uint8_t s0, m0, s1, m1;
     scale_min_k4(2 * g, scales, &s0, &m0);
     scale_min_k4(2 * g + 1, scales, &s1, &m1);
     const float d0 = d * s0, n0 = dmin * m0, d1 = d * s1, n1 = dmin * m1;
+#ifdef PAGEDSERVE_AVX2
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+    if constexpr (FIVE) {
+      const __m256i b0 = _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(2 * g)), one);
+      const __m256i b1 = _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(2 * g + 1)), one);
+      lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
+      hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
+    }
+    bytes32_to(lo, false, d0, -n0, out + 64 * g);
+    bytes32_to(hi, false, d1, -n1, out + 64 * g + 32);
+#else
     for (int l = 0; l < 32; ++l) {
       const int h0 = FIVE ? ((qh[l] >> (2 * g)) & 1) << 4 : 0, h1 = FIVE ? ((qh[l] >> (2 * g + 1)) & 1) << 4 : 0;
       out[64 * g + l] = d0 * ((q[l] & 0x0f) | h0) - n0;
       out[64 * g + 32 + l] = d1 * ((q[l] >> 4) | h1) - n1;
     }
+#endif
     q += 32;
   }
 }
@@ -237,12 +255,34 @@ inline void dequant_mxfp4(const uint8_t* b, float* out) {
 }
 
 // Q6_K: 256 weights of 4 low bits (ql) and 2 high bits (qh), sixteen int8 scales, fp16 d.
+// d * sc is exact (an fp16 times an int8), so each value is rounded once, here as there.
 inline void dequant_q6_k(const uint8_t* b, float* out) {
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
   const float d = half_to_float(load_u16(b + 208));
   for (int half = 0; half < 2; ++half) {
+#ifdef PAGEDSERVE_AVX2
+    // Weights 32 j + l (l < 32) take ql[l] (j even) or ql[l + 32] (j odd), its low nibble
+    // for j < 2 and its high one after, and bits 2 j of qh[l]; scale sc[2 j + l / 16].
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
+    const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+    const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+    const __m256i low[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+                            _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+    for (int j = 0; j < 4; ++j) {
+      const __m256i top = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j)), m2);
+      const __m256i v = _mm256_sub_epi8(_mm256_or_si256(low[j], _mm256_slli_epi16(top, 4)), bias);
+      __m256 f[4];
+      bytes32_floats(v, true, f);
+      const __m256 s0 = _mm256_set1_ps(d * sc[2 * j]), s1 = _mm256_set1_ps(d * sc[2 * j + 1]);
+      _mm256_storeu_ps(out + 32 * j, _mm256_mul_ps(f[0], s0));
+      _mm256_storeu_ps(out + 32 * j + 8, _mm256_mul_ps(f[1], s0));
+      _mm256_storeu_ps(out + 32 * j + 16, _mm256_mul_ps(f[2], s1));
+      _mm256_storeu_ps(out + 32 * j + 24, _mm256_mul_ps(f[3], s1));
+    }
+#else
     for (int l = 0; l < 32; ++l) {
       const int s = l / 16;
       const int q1 = ((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
@@ -254,6 +294,7 @@ inline void dequant_q6_k(const uint8_t* b, float* out) {
       out[l + 64] = d * sc[s + 4] * q3;
       out[l + 96] = d * sc[s + 6] * q4;
     }
+#endif
     out += 128;
     ql += 64;
     qh += 32;

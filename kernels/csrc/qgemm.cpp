@@ -162,16 +162,15 @@ namespace {
 
 static_assert(NR == amx::kNR, "a group is one panel of the tiles");
 
-// A group's dequantized rows [NR][K] in fp32 as bf16 pairs [NR][K / 2], each pair of k in
-// one 32-bit lane (the even k in its low half), rounded to nearest even as torch rounds a
-// finite float: to_k_major then moves the lanes as it moves floats, into the B tile's
-// layout [K / 2][NR][2], half the values a fp32 transpose moves.
-void to_pairs(const float* rows, int64_t K, uint16_t* pairs) {
-  for (int64_t c = 0; c < NR; ++c)
-    for (int64_t k = 0; k < K; k += 32) {
-      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(rows + c * K + k + 16), _mm512_loadu_ps(rows + c * K + k));
-      _mm512_storeu_si512(pairs + c * K + k, (__m512i)v);
-    }
+// A dequantized row of K fp32 values as K / 2 bf16 pairs, each pair of k in one 32-bit
+// lane (the even k in its low half), rounded to nearest even as torch rounds a finite
+// float. A group's rows so paired, to_k_major moves the lanes as it moves floats, into
+// the B tile's layout [K / 2][NR][2]: half the values a fp32 transpose moves.
+void to_pairs(const float* row, int64_t K, uint16_t* pairs) {
+  for (int64_t k = 0; k < K; k += 32) {
+    const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + k + 16), _mm512_loadu_ps(row + k));
+    _mm512_storeu_si512(pairs + k, (__m512i)v);
+  }
 }
 
 }  // namespace
@@ -186,15 +185,16 @@ void many_rows_bf16(const uint16_t* x, int64_t M, int64_t N, int64_t K, const ui
   const int64_t rb = row_bytes(qtype, K), groups = (N + NR - 1) / NR, K2 = K / 2;
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     amx::TileScope tiles(true);
-    std::vector<float> rows_buf(NR * K, 0.f);
+    std::vector<float> row(K);  // one channel's values, paired while still in L1
     std::vector<uint16_t> pairs(NR * K), panel(NR * K), pad;
     alignas(64) float acc[16 * NR];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t n0 = g * NR, cols = std::min(NR, N - n0);
-      for (int64_t c = 0; c < cols; ++c)
-        dequant_row(w + (n0 + c) * rb, qtype, K, scales ? scales[n0 + c] : 1.f, rows_buf.data() + c * K);
-      if (cols < NR) std::fill(rows_buf.begin() + cols * K, rows_buf.end(), 0.f);
-      to_pairs(rows_buf.data(), K, pairs.data());
+      for (int64_t c = 0; c < cols; ++c) {
+        dequant_row(w + (n0 + c) * rb, qtype, K, scales ? scales[n0 + c] : 1.f, row.data());
+        to_pairs(row.data(), K, pairs.data() + c * K);
+      }
+      if (cols < NR) std::fill(pairs.begin() + cols * K, pairs.end(), 0);
       to_k_major(reinterpret_cast<const float*>(pairs.data()), K2, K2, reinterpret_cast<float*>(panel.data()));
       for (int64_t s = 0; s < M; s += 16) {
         const int64_t rows = std::min<int64_t>(16, M - s);
