@@ -27,6 +27,8 @@ Writes JSON and PNG plots (latency against throughput; TTFT and ITL distribution
     python scripts/bench_serving.py --servers ours,vllm --clients ours,vllm --concurrency 1,16,64 --offline
     python scripts/bench_serving.py --url http://localhost:3000 --request-rate 4
     python scripts/bench_serving.py --servers ours,llama --quantization gguf --concurrency 1,16,64
+    python scripts/bench_serving.py --servers ours,llama --model /tmp/q06-q4km.gguf --dtype bfloat16 \
+        --quantization gguf --int8-activations --concurrency 16,64
 """
 
 from __future__ import annotations
@@ -198,7 +200,8 @@ def offline_tok_s(args, reqs) -> float:
     """Our engine in-process on the same requests: what serving is compared with."""
     from engine import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, max_num_seqs=args.max_num_seqs,
+    llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization,
+              int8_activations=args.int8_activations, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_bytes=args.kv_bytes,
               enable_prefix_caching=args.prefix_caching, max_model_len=1024)
     llm.generate([reqs[0][0]], [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)], use_tqdm=False)
@@ -320,6 +323,8 @@ def main() -> None:
     ap.add_argument("--url", help="measure this running server instead of starting any")
     ap.add_argument("--servers", default="ours", help="comma list of ours,vllm,llama to start and measure in turn")
     ap.add_argument("--quantization", default=None, choices=["gguf", "int8"], help="our engine's weights")
+    ap.add_argument("--int8-activations", action="store_true", help="with --quantization: decode rows' "
+                    "activations rounded to int8, as llama.cpp's kernels round them")
     ap.add_argument("--model", default=None, help="HF dir or GGUF; default: the embedded SmolLM2-135M")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--workload", default="random", choices=["random", "synthetic", "shared-prefix"])

@@ -65,6 +65,7 @@ def start_ours(args, port: int, log: Path) -> subprocess.Popen:
     preset = Path(tempfile.mkdtemp()) / "bench.yaml"
     preset.write_text(json.dumps({  # JSON is YAML
         "engine": {"model": args.model, "dtype": args.dtype, "quantization": args.quantization,
+                   "int8_activations": getattr(args, "int8_activations", False),
                    "max_num_seqs": args.max_num_seqs,
                    "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": 1024,
                    "kv_cache_memory_bytes": args.kv_bytes, "enable_prefix_caching": args.prefix_caching},
