@@ -61,7 +61,7 @@ def qlinear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None, qtype
     `int8_activations` the few-rows kernel rounds x to int8 per 32 values first
     (quant_a8.cpp; a8_reference is its product); the many-rows kernel keeps x as it is.
     bf16 rows compute in fp32 on the exact weights, except many on the AMX tiles
-    (`many_rows_tiles`)."""
+    (`bf16_tiles`)."""
     return cpu.op("qlinear")(x, w, scales, qtype, k, KERNELS[kernel], int8_activations)
 
 
@@ -72,15 +72,11 @@ def few_rows_available(qtype: int, k: int) -> bool:
     return cpu.available() and bool(cpu.op("few_rows_fit")(qtype, k))
 
 
-def few_rows_kernel(qtype: int, m: int, k: int, int8_activations: bool = False) -> bool:
-    """Whether "auto" takes the few-rows kernel for m rows."""
-    return cpu.available() and bool(cpu.op("few_rows_kernel")(qtype, m, k, int8_activations))
-
-
-def many_rows_tiles(k: int) -> bool:
-    """Whether many bf16 rows run on the AMX tiles (K a multiple of 32, a CPU and build with
-    AMX): the weights then enter the product rounded to bf16, as a bf16 model holds them."""
-    return cpu.available() and bool(cpu.op("many_rows_tiles")(k))
+def bf16_tiles(qtype: int, m: int, k: int, kernel: str = "auto", int8_activations: bool = False) -> bool:
+    """Whether m bf16 rows run on the AMX tiles (a CPU and build with AMX, K a multiple of
+    32): the weights then enter the product rounded to bf16, as a bf16 model holds them.
+    Elsewhere bf16 rows compute in fp32 on the exact weights."""
+    return cpu.available() and bool(cpu.op("bf16_tiles")(qtype, m, k, KERNELS[kernel], int8_activations))
 
 
 def dequant_rows(w: torch.Tensor, scales: torch.Tensor | None, ids: torch.Tensor, qtype: int, k: int

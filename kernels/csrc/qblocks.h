@@ -270,7 +270,8 @@ inline void dequant_q6_k(const uint8_t* b, float* out) {
     const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
     const __m256i low[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
-                            _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+                            _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
     for (int j = 0; j < 4; ++j) {
       const __m256i top = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j)), m2);
       const __m256i v = _mm256_sub_epi8(_mm256_or_si256(low[j], _mm256_slli_epi16(top, 4)), bias);

@@ -262,6 +262,17 @@ bool few_rows_kernel(int64_t qtype, int64_t M, int64_t K, bool int8_activations)
   return false;
 }
 
+// Whether bf16 rows take the AMX tiles (many_rows_bf16) under `kernel`: where the CPU has
+// them, every count the few-rows kernel would not take, and past 16 rows even those it
+// would: there a group's dequantization once per call costs less than the few-rows
+// kernel's work per row (a Q4_K 12,288 x 2,048 at 32 rows: 4.9 ms on the tiles, 7.8 with
+// int8 activations; level at 16; LOG, session 44).
+constexpr int64_t kBf16FewRows = 16;
+bool bf16_tiles(int64_t qtype, int64_t M, int64_t K, int64_t kernel, bool int8_activations) {
+  if (kernel == 1 || !many_rows_tiles(K)) return false;
+  return kernel == 2 || M > kBf16FewRows || !few_rows_kernel(qtype, M, K, int8_activations);
+}
+
 // kernel: 0 picks by row count, 1 forces the few-rows kernel, 2 the many-rows one (tests
 // and bench_quant.py check each on every row count). int8_activations: the few-rows
 // kernel rounds x to int8 per 32 values (quant_a8.cpp); the many-rows one ignores it.
@@ -281,9 +292,8 @@ at::Tensor qlinear(const at::Tensor& x_in, const at::Tensor& w, const c10::optio
     // rounded to bf16, as a bf16 model dequantized from the file holds them); otherwise
     // in fp32, exactly, and rounded once on the way out.
     const int64_t M = x_in.size(0);
-    const bool few = kernel == 1 || (kernel == 0 && few_rows_kernel(qtype, M, K, int8_activations));
-    if (few || !many_rows_tiles(K)) return qlinear(x_in.to(at::kFloat), w, scales, qtype, K, kernel,
-                                                   int8_activations).to(at::kBFloat16);
+    if (!bf16_tiles(qtype, M, K, kernel, int8_activations))
+      return qlinear(x_in.to(at::kFloat), w, scales, qtype, K, kernel, int8_activations).to(at::kBFloat16);
     const at::Tensor x = x_in.contiguous();
     at::Tensor y = at::empty({M, w.size(0)}, x.options());
     if (M == 0 || w.size(0) == 0) return y;
@@ -358,8 +368,7 @@ TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
         "-> Tensor");
   m.def("dequant_rows(Tensor w, Tensor? scales, Tensor ids, int qtype, int K) -> Tensor");
   m.def("few_rows_fit(int qtype, int K) -> bool");
-  m.def("few_rows_kernel(int qtype, int M, int K, bool int8_activations) -> bool");
-  m.def("many_rows_tiles(int K) -> bool");
+  m.def("bf16_tiles(int qtype, int M, int K, int kernel, bool int8_activations) -> bool");
 }
 
 TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
@@ -369,8 +378,7 @@ TORCH_LIBRARY_IMPL(pagedserve, CPU, m) {
 
 TORCH_LIBRARY_IMPL(pagedserve, CatchAll, m) {
   m.impl("few_rows_fit", &few_rows_fit);
-  m.impl("few_rows_kernel", &few_rows_kernel);
-  m.impl("many_rows_tiles", &many_rows_tiles);
+  m.impl("bf16_tiles", &bf16_tiles);
 }
 
 }  // namespace pagedserve

@@ -104,10 +104,11 @@ def test_many_rows_is_batch_invariant():
 
 @pytest.mark.parametrize("qtype", STREAMED, ids=lambda t: quant.FORMATS[t].name)
 def test_bf16_rows_are_the_dequantized_weights_product_rounded_once(qtype):
-    """A bf16 model's rows. Few: in fp32 on the exact weights, rounded on the way out. Many,
-    on a CPU with AMX: on the tiles, the weights rounded to bf16 as a bf16 model dequantized
-    from the same file holds them, and the bits of the dense bf16 GEMM over those weights
-    (kernels/csrc/gemm.cpp); without AMX, as few. Every row count picks its path."""
+    """A bf16 model's rows. Few: in fp32 on the exact weights, rounded on the way out. Many
+    (past 16, or past the few-rows kernel's own limit), on a CPU with AMX: on the tiles,
+    the weights rounded to bf16 as a bf16 model dequantized from the same file holds them,
+    and the bits of the dense bf16 GEMM over those weights (kernels/csrc/gemm.cpp);
+    without AMX, as few. Every row count picks its path."""
     gen = torch.Generator().manual_seed(50 + qtype)
     k, n = (128 if quant.FORMATS[qtype].block == 32 else 512), 2 * 48 + 7  # a ragged last panel
     w, scales = weights(qtype, n, k, gen)
@@ -117,7 +118,9 @@ def test_bf16_rows_are_the_dequantized_weights_product_rounded_once(qtype):
         x = torch.randn(m, k, generator=gen).bfloat16()
         got = quant.qlinear(x, w, scales, qtype, k)
         assert got.dtype == torch.bfloat16 and got.shape == (m, n)
-        tiles = not quant.few_rows_kernel(qtype, m, k) and quant.many_rows_tiles(k)
+        tiles = quant.bf16_tiles(qtype, m, k)
+        if m > 16:  # past the few-rows kernels' best, wherever the tiles are
+            assert tiles == (panels is not None)
         if tiles:
             assert torch.equal(got, cpu.gemm(x, panels, n, None))
         exact = quant.qlinear(x.float(), w, scales, qtype, k).bfloat16()
