@@ -1,6 +1,6 @@
 """The GGUF configs of the state-keeping models llama.cpp writes under Llama's keys (LFM2's
-and LFM2-MoE's short convolutions, Qwen3.5's and Qwen3-Next's linear attention): which layers keep a
-state, read from the file's per-layer keys or tensors, and their sizes."""
+and LFM2-MoE's short convolutions, Qwen3.5's and Qwen3-Next's linear attention): which
+layers keep a state, read from the file's per-layer keys or tensors, and their sizes."""
 
 from __future__ import annotations
 
@@ -57,12 +57,9 @@ def _qwen35moe(config: Any, get, tensors: dict[str, Any]) -> Any:
     as transformers' always are) beside the shared expert, sized by the file's keys."""
     from transformers import Qwen3_5MoeTextConfig
 
-    dense = _qwen35(config, get, tensors).to_dict()
-    keep = {k: dense[k] for k in ("layer_types", "linear_num_key_heads", "linear_num_value_heads",
-                                  "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")}
     fields = {k: v for k, v in llama_fields(config).items() if k != "intermediate_size"}
-    fields["num_hidden_layers"] = len(keep["layer_types"])
-    return Qwen3_5MoeTextConfig(**fields, **keep, num_experts=need(get, "expert_count"),
+    fields.update(_linear_layers(config, get, tensors))
+    return Qwen3_5MoeTextConfig(**fields, num_experts=need(get, "expert_count"),
                                 num_experts_per_tok=need(get, "expert_used_count"),
                                 moe_intermediate_size=need(get, "expert_feed_forward_length"),
                                 shared_expert_intermediate_size=need(get, "expert_shared_feed_forward_length"),
@@ -89,6 +86,15 @@ def _qwen35(config: Any, get, tensors: dict[str, Any]) -> Any:
                              architectures=["Qwen3_5ForCausalLM"])
 
 
+def _linear_layers(config: Any, get, tensors: dict[str, Any]) -> dict[str, Any]:
+    """The layer types and linear-attention sizes `_qwen35` reads, for the architectures
+    that share Qwen3.5's layers under other MLPs."""
+    linear = _qwen35(config, get, tensors).to_dict()
+    keep = {k: linear[k] for k in ("layer_types", "linear_num_key_heads", "linear_num_value_heads",
+                                   "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")}
+    return {**keep, "num_hidden_layers": len(keep["layer_types"])}
+
+
 def _qwen3next(config: Any, get, tensors: dict[str, Any]) -> Any:
     """Qwen3-Next (`qwen3next`): Qwen3.5's layers as `_qwen35` reads them, its value heads in
     the checkpoint's order (its converter tiles none), experts on every layer (llama.cpp
@@ -96,13 +102,10 @@ def _qwen3next(config: Any, get, tensors: dict[str, Any]) -> Any:
     as llama.cpp and the released models do."""
     from transformers import Qwen3NextConfig
 
-    linear = _qwen35(config, get, tensors).to_dict()
-    keep = {k: linear[k] for k in ("layer_types", "linear_num_key_heads", "linear_num_value_heads",
-                                   "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")}
     fields = llama_fields(config)
-    fields["num_hidden_layers"] = len(keep["layer_types"])
+    fields.update(_linear_layers(config, get, tensors))
     rope = dict(fields.pop("rope_parameters"))
-    return Qwen3NextConfig(**fields, **keep, num_experts=need(get, "expert_count"),
+    return Qwen3NextConfig(**fields, num_experts=need(get, "expert_count"),
                            num_experts_per_tok=need(get, "expert_used_count"),
                            moe_intermediate_size=need(get, "expert_feed_forward_length"),
                            shared_expert_intermediate_size=need(get, "expert_shared_feed_forward_length"),

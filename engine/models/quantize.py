@@ -234,7 +234,8 @@ def _mxfp4_checkpoint(source: str) -> bool:
 
 def check(mode: str | None, device: torch.device, tp: int, pp: int) -> None:
     """What can be decided from the config alone. Either CPU dtype serves: fp32 activations
-    are exact against the dequantized file, bf16 ones run many rows on the AMX tiles."""
+    are exact against the dequantized file, bf16 ones run many rows on the AMX tiles where
+    the CPU has them."""
     if mode is None:
         return
     if mode not in MODES:

@@ -11,6 +11,7 @@ from engine import LLM, SamplingParams
 from engine.errors import ParamError
 from engine.models import default_model_path, quantize
 from kernels import quant
+from tests.support.oracle import departs_only_at_near_ties
 from tests.support.quality import force_int8_rows, perplexity
 
 
@@ -134,8 +135,6 @@ def test_a_bf16_model_on_the_blocks_departs_from_the_dense_bf16_one_only_at_near
     to bf16 as the dense bf16 model holds them; a decode row in fp32 on the exact weights).
     Against the dense bf16 model of the same file, a greedy run may part ways only where
     that rounding turns a near-tie."""
-    from tests.support.oracle import departs_only_at_near_ties
-
     blocks = LLM(dtype="bfloat16", quantization="gguf", **KW)
     model = model_of(blocks)
     assert quantize.weight_bytes(model) < 100e6 and isinstance(model.head, quantize.QuantLinear)
