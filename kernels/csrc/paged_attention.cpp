@@ -29,6 +29,7 @@
 #include "attn512.h"
 #endif
 #include "prefill512.h"
+#include "prefill_amx.h"
 #include "prefill_f32.h"
 
 namespace {
@@ -38,6 +39,7 @@ using pagedserve::fast_exp;
 constexpr int kMaxDim = 256;
 constexpr int kQChunk = 16;     // query tokens per work item
 constexpr int kTiledQChunk = 64;  // query tokens per prefill work item on a tiled path
+constexpr int kAmxQChunk = 128;  // and on the AMX tiles
 // The fewest keys a split of a long context takes. At 64, a lone decode over 190 keys
 // split 64/64/62 and one thread took two of the three: 49-50 us a layer (Qwen3-0.6B's 8
 // KV heads, fp32, two threads) against 45 at 32, where it splits into six; other lengths
@@ -181,12 +183,22 @@ inline void pv_rows_any(int G, const float* p, int BS, const V* v, int64_t vs, i
 template <typename scalar_t, int BS>
 void attend(const Item& it, const scalar_t* q, const scalar_t* kc, const scalar_t* vc,
             const int32_t* table, int seq_len, int q_start, int q_len, int H, int Hkv, int D,
-            float scale, bool tiled, int window, float softcap, float* acc, float* m, float* l) {
+            float scale, bool tiled, bool amx, int window, float softcap, float* acc, float* m, float* l) {
   const int G = H / Hkv;
   const bool plain = window <= 0 && softcap <= 0.f;  // the specialised paths know neither
   const int nq = it.q1 - it.q0;
   const int R = nq * H;
   const scalar_t* q0 = q + static_cast<int64_t>(q_start + it.q0) * H * D;
+#if defined(PAGEDSERVE_AMX)
+  if constexpr (std::is_same<scalar_t, c10::BFloat16>::value) {
+    if (amx && nq * G >= kTiledRows) {
+      pagedserve::amx::TileScope hold(true);
+      (D == 64 ? pagedserve::prefill_amx::attend<4, BS> : pagedserve::prefill_amx::attend<8, BS>)(
+          q0, scale, kc, vc, table, it.kv0, it.kv1, nq, seq_len - q_len + it.q0, H, Hkv, window, softcap, acc, m, l);
+      return;
+    }
+  }
+#endif
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same<scalar_t, c10::BFloat16>::value) {
     if (plain && tiled && nq * G >= kTiledRows) {
@@ -411,8 +423,14 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
 #if defined(__AVX512F__)
   tiled = tiled || (std::is_same<scalar_t, float>::value && (D == 64 || D == 128) && kc.numel() < (int64_t{1} << 31));
 #endif
-  if (window > 0 || softcap > 0.f) tiled = false;
-  const int chunk = tiled ? kTiledQChunk : kQChunk;
+  // The AMX tiles (prefill_amx.h) take bf16 prefill with windows and soft-capping too.
+  bool amx = false;
+#if defined(PAGEDSERVE_AMX)
+  amx = std::is_same<scalar_t, c10::BFloat16>::value && (D == 64 || D == 128) &&
+        kc.numel() / 2 < (int64_t{1} << 31) && pagedserve::amx::enabled();
+#endif
+  if ((window > 0 || softcap > 0.f) && !amx) tiled = false;
+  const int chunk = amx ? kAmxQChunk : tiled ? kTiledQChunk : kQChunk;
   for (int i = 0; i < S; ++i) {
     base_items += (qs[i + 1] - qs[i] + chunk - 1) / chunk;
     max_len = std::max(max_len, ls[i]);
@@ -466,7 +484,7 @@ void run(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const 
     for (int64_t w = cut(t0); w < cut(t1); ++w) {
       const Item& it = items[w];
       fn(it, qp, kp, vp, tp + it.seq * width, ls[it.seq], qs[it.seq], qs[it.seq + 1] - qs[it.seq], H, Hkv,
-         D, static_cast<float>(scale), tiled, window, softcap, acc.get() + row0[w] * D, m.get() + row0[w], l.get() + row0[w]);
+         D, static_cast<float>(scale), tiled, amx, window, softcap, acc.get() + row0[w] * D, m.get() + row0[w], l.get() + row0[w]);
     }
   });
 

@@ -20,8 +20,11 @@ from kernels import cpu, reference, triton_attention
 
 
 # (seq_lens, q_lens): decodes, a whole prompt, and chunks that start inside and past the window.
-# Short contexts (the longest under 64) are not split across threads, long ones are.
-BATCHES = {"long": ([70, 9, 41, 128], [1, 9, 17, 40]), "short": ([31, 20, 40], [1, 20, 3])}
+# Short contexts (the longest under 64) are not split across threads, long ones are. "prompts":
+# a chunk after a long prefix and a whole prompt, whose rows and keys span several of a tiled
+# path's query chunks and key chunks (the AMX tiles pack 512 keys at a time).
+BATCHES = {"long": ([70, 9, 41, 128], [1, 9, 17, 40]), "short": ([31, 20, 40], [1, 20, 3]),
+           "prompts": ([1100, 600], [150, 600])}
 
 
 def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int, softcap: float,
