@@ -144,7 +144,8 @@ class VllmPeer:
         env = vllm_env(args.kv_bytes, args.peer_defaults)  # every core for its engine, as ours gets
         cmd = [str(VLLM_PYTHON), str(ROOT / "scripts" / "peers" / "vllm_offline.py"), "--model", str(model_dir),
                "--workload", f.name, "--dtype", dtype, "--max-num-seqs", str(args.max_num_seqs),
-               "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--load-format", args.load_format]
+               "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--load-format", args.load_format,
+               "--max-model-len", str(max(1024, max(len(p) + n for p, n in reqs)))]
         self.log = tempfile.TemporaryFile("w+")
         # A process group of its own, which pause() stops as a whole (its engine core and
         # worker are children).
@@ -203,13 +204,19 @@ def take_turns(llm: LLM, peer: VllmPeer, reqs, results: dict[str, list[float]], 
         results["engine"] += mine
         theirs += other
         ratios.append(statistics.mean(mine) / statistics.mean(other))
-        print(f"round {r + 1}: ours {' / '.join(f'{x:.1f}' for x in mine)} tok/s ({rel_spread(mine):.1%}), "
-              f"vllm {' / '.join(f'{x:.1f}' for x in other)} ({rel_spread(other):.1%}): {ratios[-1]:.2f}x")
+        print(f"round {r + 1}: ours {' / '.join(map(rate, mine))} tok/s ({rel_spread(mine):.1%}), "
+              f"vllm {' / '.join(map(rate, other))} ({rel_spread(other):.1%}): {ratios[-1]:.2f}x")
     peer.close()
     print(f"engine / vllm over {args.rounds} rounds: {min(ratios):.2f}-{max(ratios):.2f}x, median "
-          f"{statistics.median(ratios):.2f}x; ours {min(results['engine']):.1f}-{max(results['engine']):.1f} tok/s "
-          f"({rel_spread(results['engine']):.1%}), vllm {min(theirs):.1f}-{max(theirs):.1f} ({rel_spread(theirs):.1%})")
+          f"{statistics.median(ratios):.2f}x; ours {rate(min(results['engine']))}-{rate(max(results['engine']))} tok/s "
+          f"({rel_spread(results['engine']):.1%}), vllm {rate(min(theirs))}-{rate(max(theirs))} ({rel_spread(theirs):.1%})")
     return theirs
+
+
+def rate(x: float) -> str:
+    """Tokens/s to print: three significant digits below 10 (a prefill-only workload's one
+    output token a request gives about 0.2 tok/s), one decimal above."""
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
 
 
 def rel_spread(xs: list[float]) -> float:

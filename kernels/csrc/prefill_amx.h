@@ -159,15 +159,18 @@ void rows(const uint16_t* qb, const int* lo, const int* hi, int c0, int c1, floa
         std::memset(p[k], 0, sizeof(p[k]));
         continue;
       }
+      const bool whole = a == 0 && b == kKeys;  // most steps of a long prompt: no mask to build
       __m512 x[4];
       __m512 top = ninf;
       for (int v = 0; v < 4; ++v) {
-        const int va = std::clamp(a - 16 * v, 0, 16), vb = std::clamp(b - 16 * v, 0, 16);
-        const __mmask16 seen = static_cast<__mmask16>(((1u << vb) - 1u) & ~((1u << va) - 1u));
         __m512 y = _mm512_mul_ps(_mm512_load_ps(&s[k][16 * v]), sc);
         if (softcap > 0.f) y = softcap16(y, softcap);
-        x[v] = _mm512_mask_mov_ps(ninf, seen, y);
-        top = _mm512_max_ps(top, x[v]);
+        if (!whole) {
+          const int va = std::clamp(a - 16 * v, 0, 16), vb = std::clamp(b - 16 * v, 0, 16);
+          y = _mm512_mask_mov_ps(ninf, static_cast<__mmask16>(((1u << vb) - 1u) & ~((1u << va) - 1u)), y);
+        }
+        x[v] = y;
+        top = _mm512_max_ps(top, y);
       }
       const float mnew = _mm512_reduce_max_ps(top);
       if (mnew > mx[k]) {
@@ -182,7 +185,8 @@ void rows(const uint16_t* qb, const int* lo, const int* hi, int c0, int c1, floa
       __m512 e[4];
       __m512 sum = _mm512_load_ps(lv[k]);
       for (int v = 0; v < 4; ++v) {  // masked keys (-inf) drop out
-        e[v] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x[v], ninf, _CMP_NEQ_OQ), exp16(_mm512_sub_ps(x[v], m)));
+        e[v] = exp16(_mm512_sub_ps(x[v], m));
+        if (!whole) e[v] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x[v], ninf, _CMP_NEQ_OQ), e[v]);
         sum = _mm512_add_ps(sum, e[v]);
       }
       _mm512_store_ps(lv[k], sum);

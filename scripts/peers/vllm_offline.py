@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--load-format", default="auto", help="dummy: random weights of the config's shape")
+    ap.add_argument("--max-model-len", type=int, default=1024, help="the longest prompt plus output it must take")
     args = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -32,7 +33,7 @@ def main() -> None:
     reqs = json.load(open(args.workload))
     t0 = time.perf_counter()
     llm = LLM(model=args.model, dtype=args.dtype, enable_prefix_caching=False, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024, seed=0,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len, seed=0,
               load_format=args.load_format)
     startup = time.perf_counter() - t0
     prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in reqs]
