@@ -14,12 +14,15 @@ as a model step meets it: 64 sequences of 350 tokens, one call per layer over 30
 caches in turn, so each layer's K/V comes from DRAM; it prints the read rate of each of
 eight passes over the 30 layers, and their median. `--decode-one` times a lone sequence's
 decode, as batch-1 serving meets it, on Qwen3-0.6B's attention (16 query heads, 8 KV
-heads, head_dim 128) over 28 layers' caches, at several context lengths.
+heads, head_dim 128) over 28 layers' caches, at several context lengths. `--long-prompts`
+times whole prompts of 2,048 and 4,096 tokens in four head layouts (bf16 takes the AMX
+tiles where the CPU has them; PAGEDSERVE_GEMM_TILES=0 keeps the AVX-512 kernel).
 
     python scripts/bench_cpu_attention.py [--dtype float32] [--repeats 50]
     python scripts/bench_cpu_attention.py --cold [--dtype bfloat16]
     python scripts/bench_cpu_attention.py --cold --qwen3 16,400   # 16 sequences of 400 tokens, Qwen3's heads
     python scripts/bench_cpu_attention.py --decode-one
+    python scripts/bench_cpu_attention.py --long-prompts --dtype bfloat16   # PAGEDSERVE_GEMM_TILES=0: without AMX
 """
 
 from __future__ import annotations
@@ -81,6 +84,18 @@ def decode_one(dtype: torch.dtype, gen: torch.Generator, layers: int = 28) -> No
         print(f"one sequence, {ctx:5d} tokens: {per_layer * 1e6:6.1f} us a layer, {kv_bytes / per_layer / 1e9:5.1f} GB/s")
 
 
+def long_prompts(dtype: torch.dtype, gen: torch.Generator, repeats: int = 3) -> None:
+    """One whole prompt of 2,048 and 4,096 tokens, causal, per head layout: milliseconds a
+    layer and GFLOP/s (4 * ctx^2 / 2 * heads * head_dim, the causal half)."""
+    for heads in ((9, 3, 64), (16, 8, 128), (16, 8, 64), (16, 16, 128)):
+        for ctx in (2048, 4096):
+            q, k, v, tables, qsl, lens = make(1, ctx, ctx, dtype, gen, heads)
+            secs = best(lambda: cpu.paged_attention(q, k, v, tables, qsl, lens, heads[2] ** -0.5), repeats)
+            flops = 4 * ctx * ctx / 2 * heads[0] * heads[2]
+            print(f"heads {heads[0]:2d}/{heads[1]:2d} x {heads[2]:3d}, {ctx:5d} tokens: {secs * 1e3:7.1f} ms a layer, "
+                  f"{flops / secs / 1e9:6.0f} GFLOP/s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -88,6 +103,7 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true", help="decode over 30 layers' caches, from DRAM")
     ap.add_argument("--decode-one", action="store_true", help="one sequence's decode, Qwen3-0.6B heads")
     ap.add_argument("--qwen3", metavar="SEQS,CTX", help="--cold on Qwen3's heads (16, 8 KV, head_dim 128), 28 layers")
+    ap.add_argument("--long-prompts", action="store_true", help="whole 2,048- and 4,096-token prompts, four head layouts")
     args = ap.parse_args()
     if not cpu.available():
         raise SystemExit("the native CPU kernels could not be built")
@@ -97,6 +113,8 @@ def main() -> None:
     if args.cold and args.qwen3:
         seqs, ctx = (int(x) for x in args.qwen3.split(","))
         return cold(dtype, gen, seqs, ctx, 28, (16, 8, 128))
+    if args.long_prompts:
+        return long_prompts(dtype, gen)
     if args.cold or args.decode_one:
         (cold if args.cold else decode_one)(dtype, gen)
         return
