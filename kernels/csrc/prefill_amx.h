@@ -1,16 +1,16 @@
 // Prefill attention on bf16 caches on the AMX tiles. Included by paged_attention.cpp for
 // work items with at least a tile's worth of query rows, on CPUs with AMX.
 //
-// prefill512.h runs Q K^T and P V on vdpbf16ps, which Intel issues at one a cycle: about
-// 57 GFLOP/s over two cores of an AMX Xeon at 4,096-token prompts, where a Qwen3-0.6B
-// prompt then spent 79% of its prefill in attention. The tiles take 16 query rows
-// against 64 keys as sixteen 16 x 16 x 32 products for the scores and sixteen for P V.
-// The keys and values are packed once per work item and KV head by prefill512's pack,
-// whose layouts are the B tiles' own: kt[grp][D/2][16] (key pairs of dims) for Q K^T,
-// vt[grp][8][D] (pairs of keys per dim) for P V, two groups of keys following each other
-// as the sixteen pair rows of one tile. Scores come out of the tiles in fp32; the online
-// softmax runs on them a row at a time with AVX-512; P enters P V rounded to bf16, as in
-// prefill512.h and FlashAttention, with the row sums l kept from the fp32 values.
+// prefill512.h runs Q K^T and P V on vdpbf16ps, which Intel issues at one a cycle: 105-150
+// GFLOP/s over two cores of an AMX Xeon at 2,048-4,096-token prompts, where a Qwen3-0.6B
+// prompt then spent 79% of its prefill in attention. The tiles take 16 query rows against
+// 64 keys as sixteen 16 x 16 x 32 products for the scores and sixteen for P V. A KV
+// head's keys and values are packed 512 at a time into the B tiles' own layouts,
+// kt[grp][D/2][16] (pairs of dims per key) for Q K^T and vt[grp][8][D] (pairs of keys per
+// dim) for P V, two groups of keys following each other as the sixteen pair rows of one
+// tile. Scores come out of the tiles in fp32; the online softmax runs on them a row at a
+// time with AVX-512; P enters P V rounded to bf16, as in prefill512.h and FlashAttention,
+// with the row sums l kept from the fp32 values.
 //
 // A row's keys are bounded below as well as above, so sliding windows (key steps wholly
 // before every row's window are skipped) and tanh soft-capping take the tiles too.
@@ -30,7 +30,6 @@
 
 #include <c10/util/BFloat16.h>
 
-#include "prefill512.h"
 #include "vec.h"
 
 namespace pagedserve::prefill_amx {
@@ -71,10 +70,10 @@ inline void transpose16(__m512i* r) {
   }
 }
 
-// Keys [kv0, kv1) of KV head g in prefill512::pack's layouts (kt[grp][D/2][16], key t's
+// Keys [kv0, kv1) of KV head g in the B tiles' layouts (kt[grp][D/2][16], key t's
 // dims 2dp, 2dp+1 at lane t of pair row dp; vt[grp][8][D], keys 2tp, 2tp+1 side by side
-// per dim), keys past kv1 zeros. K is transposed in registers, 16 pair rows at a time:
-// its gathers (one per pair row of sixteen keys) took a third of the kernel's time.
+// per dim), keys past kv1 zeros. K is transposed in registers, 16 pair rows at a time,
+// where prefill512.h gathers each pair row (level with the gathers within this VM's noise).
 template <int D, int BS>
 void pack(const c10::BFloat16* kc, const c10::BFloat16* vc, const int32_t* table, int kv0, int kv1, int g,
           int64_t tok, uint32_t* kt, uint32_t* vt) {
@@ -228,7 +227,7 @@ void rows(const uint16_t* qb, const int* lo, const int* hi, int c0, int c1, floa
   }
 }
 
-// One work item as prefill512::attend takes it (query tokens i < nq at positions
+// One work item as prefill512.h's attend takes it (query tokens i < nq at positions
 // first_pos + i, rows i * H + h, keys [kv0, kv1)), a query at p seeing keys
 // (p - window, p] when window > 0; acc, m and l are written whole. The caller holds the
 // tiles (amx::TileScope) and checked amx::enabled(). A KV head's keys are packed
