@@ -33,6 +33,24 @@ inline __m512 dot_bcast(__m512 acc, __m512bh v, const uint32_t* p) {
   return _mm512_dpbf16_ps(acc, v, (__m512bh)_mm512_set1_epi32(*p));
 }
 
+// One group of sixteen keys' values as [8][D] bf16 pairs (pair row tp, lane d = dim d of
+// keys 2tp and 2tp+1), from the rows vrow[t] of its first n keys; the others are zeros.
+// The B tiles of prefill_amx.h read the same layout.
+template <int D>
+inline void pack_value_pairs(const c10::BFloat16* const* vrow, int n, uint32_t* vg) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                      37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int tp = 0; tp < 8; ++tp) {
+    for (int c = 0; c < D / 32; ++c) {
+      const __m512i a = 2 * tp < n ? _mm512_loadu_si512(vrow[2 * tp] + 32 * c) : _mm512_setzero_si512();
+      const __m512i b = 2 * tp + 1 < n ? _mm512_loadu_si512(vrow[2 * tp + 1] + 32 * c) : _mm512_setzero_si512();
+      _mm512_store_si512(vg + tp * D + 32 * c, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_store_si512(vg + tp * D + 32 * c + 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  }
+}
+
 // Keys [kv0, kv1) of KV head g, in groups of sixteen: kt[grp][D/2][16] (lane t of pair
 // row dp = key t's dims 2dp, 2dp+1) and vt[grp][8][D] (pair row tp, lane d = dims d of
 // keys 2tp and 2tp+1). Keys past kv1 are zeros, so a padded lane is finite.
@@ -40,9 +58,6 @@ template <int D, int BS>
 void pack(const c10::BFloat16* kc, const c10::BFloat16* vc, const int32_t* table, int kv0, int kv1, int g,
           int64_t tok, uint32_t* kt, uint32_t* vt) {
   const int64_t blk_stride = tok * BS;
-  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                      37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   for (int kv = kv0, grp = 0; kv < kv1; kv += 16, ++grp) {
     const int n = std::min(16, kv1 - kv);
     alignas(64) int32_t off[16];
@@ -60,15 +75,7 @@ void pack(const c10::BFloat16* kc, const c10::BFloat16* vc, const int32_t* table
       _mm512_store_si512(kg + dp * 16, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid,
                                                                    _mm512_add_epi32(idx, _mm512_set1_epi32(dp)),
                                                                    kc, 4));
-    uint32_t* vg = vt + static_cast<int64_t>(grp) * 8 * D;
-    for (int tp = 0; tp < 8; ++tp) {
-      for (int c = 0; c < D / 32; ++c) {
-        const __m512i a = 2 * tp < n ? _mm512_loadu_si512(vrow[2 * tp] + 32 * c) : _mm512_setzero_si512();
-        const __m512i b = 2 * tp + 1 < n ? _mm512_loadu_si512(vrow[2 * tp + 1] + 32 * c) : _mm512_setzero_si512();
-        _mm512_store_si512(vg + tp * D + 32 * c, _mm512_permutex2var_epi16(a, lo, b));
-        _mm512_store_si512(vg + tp * D + 32 * c + 16, _mm512_permutex2var_epi16(a, hi, b));
-      }
-    }
+    pack_value_pairs<D>(vrow, n, vt + static_cast<int64_t>(grp) * 8 * D);
   }
 }
 

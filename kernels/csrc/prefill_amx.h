@@ -30,6 +30,7 @@
 
 #include <c10/util/BFloat16.h>
 
+#include "prefill512.h"
 #include "vec.h"
 
 namespace pagedserve::prefill_amx {
@@ -78,9 +79,6 @@ template <int D, int BS>
 void pack(const c10::BFloat16* kc, const c10::BFloat16* vc, const int32_t* table, int kv0, int kv1, int g,
           int64_t tok, uint32_t* kt, uint32_t* vt) {
   const int64_t blk_stride = tok * BS;
-  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                      37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   for (int kv = kv0, grp = 0; kv < kv1; kv += 16, ++grp) {
     const int n = std::min(16, kv1 - kv);
     const c10::BFloat16* krow[16];
@@ -98,15 +96,7 @@ void pack(const c10::BFloat16* kc, const c10::BFloat16* vc, const int32_t* table
       transpose16(r);
       for (int i = 0; i < 16; ++i) _mm512_store_si512(kg + (16 * c + i) * 16, r[i]);
     }
-    uint32_t* vg = vt + static_cast<int64_t>(grp) * 8 * D;
-    for (int tp = 0; tp < 8; ++tp) {
-      for (int c = 0; c < D / 32; ++c) {
-        const __m512i a = 2 * tp < n ? _mm512_loadu_si512(vrow[2 * tp] + 32 * c) : _mm512_setzero_si512();
-        const __m512i b = 2 * tp + 1 < n ? _mm512_loadu_si512(vrow[2 * tp + 1] + 32 * c) : _mm512_setzero_si512();
-        _mm512_store_si512(vg + tp * D + 32 * c, _mm512_permutex2var_epi16(a, lo, b));
-        _mm512_store_si512(vg + tp * D + 32 * c + 16, _mm512_permutex2var_epi16(a, hi, b));
-      }
-    }
+    pagedserve::prefill512::pack_value_pairs<D>(vrow, n, vt + static_cast<int64_t>(grp) * 8 * D);
   }
 }
 
